@@ -1,0 +1,242 @@
+//! `cargo xtask bench-vm`: the same fio jobs from the same initiator VM
+//! against every target it knows, as one table.
+//!
+//! Each figure is the median of `--runs` runs with the spread (min-max)
+//! shown; the ratio column compares with the Linux rnbd_server. Not a test:
+//! it prints numbers.
+
+use crate::target::{Bed, BedConfig, TargetKind};
+use crate::util::step;
+use crate::vmimage::Images;
+use anyhow::{Context, Result};
+use std::time::Duration;
+
+/// Arguments of `cargo xtask bench-vm`.
+#[derive(clap::Args)]
+pub struct BenchArgs {
+    /// Seconds per fio run.
+    #[arg(long, default_value_t = 20)]
+    runtime: u32,
+    /// Runs per job (the median is reported).
+    #[arg(long, default_value_t = 3)]
+    runs: usize,
+}
+
+struct Job {
+    name: &'static str,
+    rw: &'static str,
+    bs: &'static str,
+    depth: u32,
+}
+
+const JOBS: &[Job] = &[
+    Job {
+        name: "4k randread QD1",
+        rw: "randread",
+        bs: "4k",
+        depth: 1,
+    },
+    Job {
+        name: "4k randread QD32",
+        rw: "randread",
+        bs: "4k",
+        depth: 32,
+    },
+    Job {
+        name: "4k randwrite QD32",
+        rw: "randwrite",
+        bs: "4k",
+        depth: 32,
+    },
+    Job {
+        name: "128k seq read QD1",
+        rw: "read",
+        bs: "128k",
+        depth: 1,
+    },
+    Job {
+        name: "128k seq write QD1",
+        rw: "write",
+        bs: "128k",
+        depth: 1,
+    },
+];
+
+/// One measured run.
+#[derive(Clone, Copy, Debug)]
+struct Sample {
+    iops: f64,
+    mib_s: f64,
+    p50_us: f64,
+    p99_us: f64,
+}
+
+/// A column of the table: a target and how the initiator reaches it.
+struct Column {
+    name: &'static str,
+    /// Script that maps the volume and leaves its device name in $d.
+    attach: fn(&Bed) -> String,
+    detach: &'static str,
+}
+
+fn attach_rnbd(bed: &Bed) -> String {
+    format!(
+        "d=$(map bench {} \"{}\") || exit 1\n",
+        bed.target.descriptor.volumes[0].device_path,
+        bed.all_paths()
+    )
+}
+
+fn attach_nvme(bed: &Bed) -> String {
+    let nqn = bed
+        .target
+        .descriptor
+        .nvme
+        .as_ref()
+        .map(|n| n.nqn.clone())
+        .unwrap_or_default();
+    format!(
+        "d=$(nvme_connect {} {nqn}) || exit 1\n",
+        bed.target.descriptor.paths[0].target
+    )
+}
+
+pub fn run(args: BenchArgs) -> Result<()> {
+    let images = Images::build()?;
+    let columns: Vec<(TargetKind, Column)> = vec![
+        (
+            TargetKind::LinuxReference,
+            Column {
+                name: "linux rnbd_server",
+                attach: attach_rnbd,
+                detach: "unmap $d",
+            },
+        ),
+        (
+            TargetKind::LinuxReference,
+            Column {
+                name: "linux nvmet-rdma",
+                attach: attach_nvme,
+                detach: "nvme_disconnect $d",
+            },
+        ),
+    ];
+    let mut results: Vec<Vec<Vec<Sample>>> = Vec::new();
+    let mut bed: Option<(TargetKind, Bed)> = None;
+    for (kind, column) in &columns {
+        if bed.as_ref().is_none_or(|(k, _)| k != kind) {
+            drop(bed.take());
+            step(format!("starting bed for {}", kind.name()));
+            bed = Some((*kind, Bed::start(&images, &BedConfig::new(*kind))?));
+        }
+        let (_, current) = bed.as_mut().expect("bed started above");
+        let attach = (column.attach)(current);
+        let mut per_job = Vec::new();
+        for job in JOBS {
+            let mut samples = Vec::new();
+            for run in 0..args.runs {
+                step(format!(
+                    "{}: {} run {}/{}",
+                    column.name,
+                    job.name,
+                    run + 1,
+                    args.runs
+                ));
+                let script = format!(
+                    "{attach}fio --name=bench --filename=/dev/$d --direct=1 --ioengine=libaio \
+                     --rw={} --bs={} --iodepth={} --time_based --runtime={} --size=48M \
+                     --output-format=json > /tmp/bench.json 2>/tmp/bench.err || \
+                     {{ cat /tmp/bench.err; exit 1; }}\n{}\ncat /tmp/bench.json\n",
+                    job.rw, job.bs, job.depth, args.runtime, column.detach
+                );
+                let output = current
+                    .initiator
+                    .run(&script, Duration::from_secs(u64::from(args.runtime) + 180))?;
+                let sample = parse_fio(&output, job.rw)
+                    .with_context(|| format!("fio output of {} / {}", column.name, job.name))?;
+                eprintln!(
+                    "    {:.0} IOPS, {:.2} MiB/s, p50 {:.0} us, p99 {:.0} us",
+                    sample.iops, sample.mib_s, sample.p50_us, sample.p99_us
+                );
+                samples.push(sample);
+            }
+            per_job.push(samples);
+        }
+        results.push(per_job);
+    }
+    drop(bed);
+    print_table(
+        &columns.iter().map(|(_, c)| c.name).collect::<Vec<_>>(),
+        &results,
+        &args,
+    );
+    Ok(())
+}
+
+fn parse_fio(output: &str, rw: &str) -> Result<Sample> {
+    let start = output.find('{').context("no JSON in fio output")?;
+    let json: serde_json::Value = serde_json::from_str(&output[start..])?;
+    let job = &json["jobs"][0];
+    let side = if rw.contains("write") {
+        &job["write"]
+    } else {
+        &job["read"]
+    };
+    let percentile = |p: &str| {
+        side["clat_ns"]["percentile"][p]
+            .as_f64()
+            .unwrap_or(f64::NAN)
+            / 1000.0
+    };
+    Ok(Sample {
+        iops: side["iops"].as_f64().context("iops")?,
+        mib_s: side["bw"].as_f64().context("bw")? / 1024.0,
+        p50_us: percentile("50.000000"),
+        p99_us: percentile("99.000000"),
+    })
+}
+
+fn median_spread(values: &mut [f64]) -> (f64, f64, f64) {
+    values.sort_by(|a, b| a.total_cmp(b));
+    let median = values[values.len() / 2];
+    (median, values[0], values[values.len() - 1])
+}
+
+fn print_table(columns: &[&str], results: &[Vec<Vec<Sample>>], args: &BenchArgs) {
+    println!(
+        "\nfio from the Linux initiator VM (TCG, 1 vCPU, Unix stream link via relay), \
+         {} s per run, median of {} (min-max); ratio vs {}",
+        args.runtime, args.runs, columns[0]
+    );
+    let mut header = format!("| {:<20} |", "job");
+    for column in columns {
+        header += &format!(" {column} |");
+    }
+    println!("{header}");
+    println!("|{}", "---|".repeat(columns.len() + 1));
+    for (j, job) in JOBS.iter().enumerate() {
+        let mut line = format!("| {:<20} |", job.name);
+        let baseline = {
+            let mut v: Vec<f64> = results[0][j].iter().map(|s| s.iops).collect();
+            median_spread(&mut v).0
+        };
+        for column in results {
+            let samples = &column[j];
+            let (iops, low, high) =
+                median_spread(&mut samples.iter().map(|s| s.iops).collect::<Vec<_>>());
+            let (mib, _, _) =
+                median_spread(&mut samples.iter().map(|s| s.mib_s).collect::<Vec<_>>());
+            let (p50, _, _) =
+                median_spread(&mut samples.iter().map(|s| s.p50_us).collect::<Vec<_>>());
+            let (p99, _, _) =
+                median_spread(&mut samples.iter().map(|s| s.p99_us).collect::<Vec<_>>());
+            line += &format!(
+                " {iops:.0} IOPS ({low:.0}-{high:.0}), {mib:.2} MiB/s, p50 {:.2} ms, p99 {:.2} ms, x{:.2} |",
+                p50 / 1000.0,
+                p99 / 1000.0,
+                iops / baseline
+            );
+        }
+        println!("{line}");
+    }
+}

@@ -1,0 +1,77 @@
+//! `cargo xtask`: Brick's build, test, VM and benchmark driver.
+//!
+//! Everything a developer or CI does goes through here, in Rust rather than
+//! growing shell: building the Linux judge VMs (kernel, out-of-tree
+//! rtrs/rnbd modules, initramfs), running them under QEMU, the frame relay
+//! that sits between a VM's NIC and a target, the test tiers, the demo and
+//! the side-by-side benchmark.
+
+mod bench;
+mod demo;
+mod paths;
+mod qemu;
+mod relay;
+mod suite;
+mod target;
+mod util;
+mod vmimage;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "cargo xtask", about = "Brick's build, test and VM driver")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the tests: host tests plus the VM smoke suites (`--full`: everything).
+    Test(suite::TestArgs),
+    /// Boot a target and map a volume from the Linux initiator VM.
+    Demo,
+    /// Build or run the Linux judge VMs.
+    Vm {
+        #[command(subcommand)]
+        command: VmCommand,
+    },
+    /// Run a frame relay between two stream-framed Unix sockets.
+    Relay(relay::RelayArgs),
+    /// The side-by-side benchmark: the same fio jobs against every target.
+    BenchVm(bench::BenchArgs),
+}
+
+#[derive(Subcommand)]
+enum VmCommand {
+    /// Build (or reuse) the kernel, modules and initramfs images.
+    Build,
+    /// Boot the Linux reference target and the initiator VM and run one
+    /// shell command in the initiator (e.g. `cargo xtask vm run -- 'map ram0 && lsblk'`).
+    Run {
+        /// Shell command to run inside the initiator VM (lib.sh helpers available).
+        command: String,
+        /// Link MTU.
+        #[arg(long, default_value_t = 1500)]
+        mtu: u32,
+    },
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let result: Result<()> = match cli.command {
+        Command::Test(args) => suite::run(args),
+        Command::Demo => demo::run(),
+        Command::Vm { command } => match command {
+            VmCommand::Build => vmimage::Images::build().map(|images| images.describe()),
+            VmCommand::Run { command, mtu } => demo::run_command(&command, mtu),
+        },
+        Command::Relay(args) => relay::run_standalone(args),
+        Command::BenchVm(args) => bench::run(args),
+    };
+    if let Err(error) = result {
+        eprintln!("error: {error:#}");
+        std::process::exit(1);
+    }
+}

@@ -1,0 +1,509 @@
+//! `cargo xtask test`: the two test tiers.
+//!
+//! Default (CI): lint, host tests, then one VM bed per target kind running
+//! the smoke cases. `--full`: every case, including multipath with a path
+//! cut, target restarts and the long verifies. Cases are written against a
+//! [`Bed`] ("a target at an address on a link"), so a new target kind only
+//! adds a line to [`target_kinds`]. Sizes suit TCG (~300 IOPS at 4 KiB):
+//! verifies of 4-16 MiB, not gigabytes.
+
+use crate::target::{path_address, Bed, BedConfig, TargetKind};
+use crate::util::step;
+use crate::vmimage::Images;
+use anyhow::{bail, Context, Result};
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Arguments of `cargo xtask test`.
+#[derive(clap::Args)]
+pub struct TestArgs {
+    /// Run everything (resilience, nvme-rdma, long verifies).
+    #[arg(long)]
+    full: bool,
+    /// Only VM cases whose name contains this.
+    #[arg(long)]
+    filter: Option<String>,
+    /// Skip lint and host tests (VM cases only).
+    #[arg(long)]
+    vm_only: bool,
+    /// Skip the VM cases (lint and host tests only).
+    #[arg(long)]
+    host_only: bool,
+}
+
+/// Which tier a case belongs to.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Tier {
+    Smoke,
+    Full,
+}
+
+type CaseFn = fn(&mut Bed) -> Result<()>;
+
+/// A VM test case and the bed it needs.
+struct Case {
+    name: &'static str,
+    tier: Tier,
+    paths: usize,
+    run: CaseFn,
+}
+
+const CASES: &[Case] = &[
+    Case {
+        name: "map_size",
+        tier: Tier::Smoke,
+        paths: 1,
+        run: map_size,
+    },
+    Case {
+        name: "verify_4k_small",
+        tier: Tier::Smoke,
+        paths: 1,
+        run: verify_4k_small,
+    },
+    Case {
+        name: "unmap_remap",
+        tier: Tier::Smoke,
+        paths: 1,
+        run: unmap_remap,
+    },
+    Case {
+        name: "nvme_connect_verify",
+        tier: Tier::Smoke,
+        paths: 1,
+        run: nvme_connect_verify,
+    },
+    Case {
+        name: "verify_4k",
+        tier: Tier::Full,
+        paths: 1,
+        run: verify_4k,
+    },
+    Case {
+        name: "verify_128k",
+        tier: Tier::Full,
+        paths: 1,
+        run: verify_128k,
+    },
+    Case {
+        name: "verify_mixed",
+        tier: Tier::Full,
+        paths: 1,
+        run: verify_mixed,
+    },
+    Case {
+        name: "two_devices",
+        tier: Tier::Full,
+        paths: 1,
+        run: two_devices,
+    },
+    Case {
+        name: "nvme_verify_mixed",
+        tier: Tier::Full,
+        paths: 1,
+        run: nvme_verify_mixed,
+    },
+    Case {
+        name: "target_restart",
+        tier: Tier::Full,
+        paths: 1,
+        run: target_restart,
+    },
+    Case {
+        name: "multipath_cut",
+        tier: Tier::Full,
+        paths: 2,
+        run: multipath_cut,
+    },
+];
+
+/// The target kinds every suite runs against.
+fn target_kinds() -> Vec<TargetKind> {
+    vec![TargetKind::LinuxReference]
+}
+
+struct Tally {
+    suites: Vec<(String, Duration, usize, usize)>,
+    failures: Vec<String>,
+}
+
+impl Tally {
+    fn passed(&self) -> usize {
+        self.suites.iter().map(|s| s.2).sum()
+    }
+    fn failed(&self) -> usize {
+        self.suites.iter().map(|s| s.3).sum()
+    }
+}
+
+/// Runs the tiers and prints the summary; fails if anything failed.
+pub fn run(args: TestArgs) -> Result<()> {
+    let mut tally = Tally {
+        suites: Vec::new(),
+        failures: Vec::new(),
+    };
+    if !args.vm_only {
+        suite(&mut tally, "lint", || lint().map(|()| (1, 0)));
+        suite(&mut tally, "host", host_tests);
+    }
+    if !args.host_only {
+        match Images::build() {
+            Err(error) => {
+                tally
+                    .failures
+                    .push(format!("building the VM images: {error:#}"));
+                tally
+                    .suites
+                    .push(("vm images".into(), Duration::ZERO, 0, 1));
+            }
+            Ok(images) => {
+                for kind in target_kinds() {
+                    let name = format!(
+                        "vm {} ({})",
+                        kind.name(),
+                        if args.full { "full" } else { "smoke" }
+                    );
+                    let start = Instant::now();
+                    let (passed, failed) = vm_suite(
+                        &images,
+                        kind,
+                        args.full,
+                        args.filter.as_deref(),
+                        &mut tally.failures,
+                    );
+                    tally.suites.push((name, start.elapsed(), passed, failed));
+                }
+            }
+        }
+    }
+    println!();
+    println!(
+        "{:<36} {:>8} {:>7} {:>7}",
+        "suite", "time", "passed", "failed"
+    );
+    for (name, time, passed, failed) in &tally.suites {
+        println!(
+            "{name:<36} {:>7.1}s {passed:>7} {failed:>7}",
+            time.as_secs_f64()
+        );
+    }
+    for failure in &tally.failures {
+        println!("FAILED: {failure}");
+    }
+    println!("{} passed, {} failed", tally.passed(), tally.failed());
+    if tally.failed() > 0 {
+        bail!("{} test(s) failed", tally.failed());
+    }
+    Ok(())
+}
+
+fn suite(tally: &mut Tally, name: &str, f: impl FnOnce() -> Result<(usize, usize)>) {
+    step(format!("suite {name}"));
+    let start = Instant::now();
+    let (passed, failed) = match f() {
+        Ok(counts) => counts,
+        Err(error) => {
+            tally.failures.push(format!("{name}: {error:#}"));
+            (0, 1)
+        }
+    };
+    if failed > 0 && !tally.failures.iter().any(|f| f.starts_with(name)) {
+        tally
+            .failures
+            .push(format!("{name}: {failed} failed (see above)"));
+    }
+    tally
+        .suites
+        .push((name.to_string(), start.elapsed(), passed, failed));
+}
+
+fn cargo() -> Command {
+    let mut command = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    command.current_dir(crate::paths::repo());
+    command
+}
+
+fn lint() -> Result<()> {
+    crate::util::run(cargo().args(["fmt", "--all", "--check"]))
+        .context("cargo fmt --check (run `cargo fmt --all`)")?;
+    crate::util::run(cargo().args([
+        "clippy",
+        "--workspace",
+        "--all-targets",
+        "--all-features",
+        "--",
+        "-D",
+        "warnings",
+    ]))
+    .context("cargo clippy")?;
+    Ok(())
+}
+
+/// `cargo test --workspace`, streamed, with its pass/fail counts.
+fn host_tests() -> Result<(usize, usize)> {
+    let mut child = cargo()
+        .args(["test", "--workspace", "--all-features"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()?;
+    let stdout = child.stdout.take().context("cargo test stdout")?;
+    let (mut passed, mut failed) = (0, 0);
+    for line in BufReader::new(stdout).lines() {
+        let line = line?;
+        println!("{line}");
+        // "test result: ok. 12 passed; 0 failed; 0 ignored; ..."
+        if let Some(rest) = line.strip_prefix("test result: ") {
+            for part in rest.split(';') {
+                let words: Vec<&str> = part.split_whitespace().collect();
+                match words.as_slice() {
+                    [.., n, "passed"] => passed += n.parse::<usize>().unwrap_or(0),
+                    [n, "failed"] => failed += n.parse::<usize>().unwrap_or(0),
+                    _ => {}
+                }
+            }
+        }
+    }
+    let status = child.wait()?;
+    if !status.success() && failed == 0 {
+        failed = 1;
+    }
+    Ok((passed, failed))
+}
+
+/// Runs the cases of one tier against one target kind; cases that need the
+/// same bed share one, and a failed case gets a fresh bed for the next.
+fn vm_suite(
+    images: &Images,
+    kind: TargetKind,
+    full: bool,
+    filter: Option<&str>,
+    failures: &mut Vec<String>,
+) -> (usize, usize) {
+    let cases: Vec<&Case> = CASES
+        .iter()
+        .filter(|c| full || c.tier == Tier::Smoke)
+        .filter(|c| filter.is_none_or(|f| c.name.contains(f)))
+        .collect();
+    let (mut passed, mut failed) = (0, 0);
+    let mut bed: Option<Bed> = None;
+    for case in cases {
+        let config = BedConfig {
+            paths: case.paths,
+            ..BedConfig::new(kind)
+        };
+        if bed.as_ref().is_some_and(|b| b.relays.len() != case.paths) {
+            bed = None;
+        }
+        if bed.is_none() {
+            step(format!(
+                "starting bed: {} with {} path(s)",
+                kind.name(),
+                case.paths
+            ));
+            match Bed::start(images, &config) {
+                Ok(b) => bed = Some(b),
+                Err(error) => {
+                    println!(
+                        "vm {} {} ... FAILED (bed did not start)",
+                        kind.name(),
+                        case.name
+                    );
+                    failures.push(format!("{} {}: bed: {error:#}", kind.name(), case.name));
+                    failed += 1;
+                    continue;
+                }
+            }
+        }
+        let current = bed.as_mut().expect("bed started above");
+        let start = Instant::now();
+        let result = (case.run)(current);
+        let took = start.elapsed().as_secs_f64();
+        match result {
+            Ok(()) => {
+                println!("vm {} {} ... ok ({took:.1} s)", kind.name(), case.name);
+                passed += 1;
+            }
+            Err(error) => {
+                println!("vm {} {} ... FAILED ({took:.1} s)", kind.name(), case.name);
+                let target = current.target.diagnostics();
+                let relays: Vec<String> = current.relays.iter().map(|r| r.summary()).collect();
+                let report = format!(
+                    "{} {}: {error:#}\n--- relays ---\n{}\n--- target ---\n{target}",
+                    kind.name(),
+                    case.name,
+                    relays.join("\n")
+                );
+                println!("{report}");
+                failures.push(format!("{} {}", kind.name(), case.name));
+                failed += 1;
+                bed = None;
+            }
+        }
+    }
+    (passed, failed)
+}
+
+const MINUTE: Duration = Duration::from_secs(60);
+
+/// `map SESSION VOLUME "PATHS"` for volume `index` over all paths.
+fn map_line(bed: &Bed, variable: &str, index: usize) -> String {
+    let volume = &bed.target.descriptor.volumes[index];
+    format!(
+        "{variable}=$(map s1 {} \"{}\") || exit 1\n",
+        volume.device_path,
+        bed.all_paths()
+    )
+}
+
+fn map_size(bed: &mut Bed) -> Result<()> {
+    let bytes = bed.target.descriptor.volumes[0].bytes;
+    let script = map_line(bed, "d", 0)
+        + &format!(
+            "[ \"$(dev_bytes $d)\" = {bytes} ] || die \"size of $d is $(dev_bytes $d), expected {bytes}\"\n\
+             path_states s1 | grep -q connected || die \"no connected path: $(path_states s1)\"\n\
+             unmap $d\n"
+        );
+    bed.initiator.run(&script, MINUTE)?;
+    Ok(())
+}
+
+fn verify_case(bed: &mut Bed, bs: &str, size: &str, extra: &str) -> Result<()> {
+    let script = map_line(bed, "d", 0) + &format!("verify $d {bs} {size} {extra}\nunmap $d\n");
+    bed.initiator.run(&script, 10 * MINUTE)?;
+    Ok(())
+}
+
+fn verify_4k_small(bed: &mut Bed) -> Result<()> {
+    verify_case(bed, "4k", "4M", "")
+}
+
+fn verify_4k(bed: &mut Bed) -> Result<()> {
+    verify_case(bed, "4k", "16M", "")
+}
+
+fn verify_128k(bed: &mut Bed) -> Result<()> {
+    verify_case(bed, "128k", "16M", "")
+}
+
+fn verify_mixed(bed: &mut Bed) -> Result<()> {
+    verify_case(bed, "4k", "16M", "--bssplit=4k/40:16k/20:64k/20:128k/20")
+}
+
+fn unmap_remap(bed: &mut Bed) -> Result<()> {
+    let map = map_line(bed, "d", 0);
+    let script = format!(
+        "{map}\
+         dd if=/dev/urandom of=/tmp/pattern bs=64k count=16 2>/dev/null\n\
+         dd if=/tmp/pattern of=/dev/$d bs=64k oflag=direct 2>/dev/null || die \"write to $d\"\n\
+         unmap $d\n\
+         {map}\
+         dd if=/dev/$d of=/tmp/readback bs=64k count=16 iflag=direct 2>/dev/null || die \"read from $d\"\n\
+         cmp /tmp/pattern /tmp/readback || die \"data changed across unmap/remap\"\n\
+         unmap $d\n"
+    );
+    bed.initiator.run(&script, 2 * MINUTE)?;
+    Ok(())
+}
+
+fn two_devices(bed: &mut Bed) -> Result<()> {
+    let script = map_line(bed, "d0", 0)
+        + &map_line(bed, "d1", 1)
+        + "bg v0 verify $d0 4k 8M\n\
+           bg v1 verify $d1 128k 16M\n\
+           bgwait v0 || die \"verify on $d0\"\n\
+           bgwait v1 || die \"verify on $d1\"\n\
+           unmap $d0\nunmap $d1\n";
+    bed.initiator.run(&script, 10 * MINUTE)?;
+    Ok(())
+}
+
+fn nvme_case(bed: &mut Bed, verify: &str) -> Result<()> {
+    let Some(nvme) = bed.target.descriptor.nvme.clone() else {
+        bail!(
+            "{} exports no NVMe-oF namespace",
+            bed.target.descriptor.name
+        )
+    };
+    let address = &bed.target.descriptor.paths[0].target;
+    let script = format!(
+        "d=$(nvme_connect {address} {nqn}) || exit 1\n\
+         [ \"$(dev_bytes $d)\" = {bytes} ] || die \"size of $d is $(dev_bytes $d)\"\n\
+         {verify}\n\
+         nvme_disconnect $d\n",
+        nqn = nvme.nqn,
+        bytes = nvme.bytes,
+    );
+    bed.initiator.run(&script, 10 * MINUTE)?;
+    Ok(())
+}
+
+fn nvme_connect_verify(bed: &mut Bed) -> Result<()> {
+    nvme_case(bed, "verify $d 4k 4M")
+}
+
+fn nvme_verify_mixed(bed: &mut Bed) -> Result<()> {
+    nvme_case(
+        bed,
+        "verify $d 4k 16M --bssplit=4k/40:16k/20:64k/20:128k/20",
+    )
+}
+
+/// Waits (in the guest) until every path of session s1 is connected,
+/// kicking a reconnect through sysfs so the test skips RTRS's ~30 s delay.
+const RECONNECT_ALL: &str = "\
+n=0
+until [ -n \"$(path_states s1)\" ] && ! path_states s1 | grep -vq ' connected$'; do
+    for p in /sys/class/rtrs-client/s1/paths/*; do
+        grep -q connected $p/state || echo 1 > $p/reconnect 2>/dev/null
+    done
+    n=$((n + 1)); [ $n -ge 120 ] && die \"paths not reconnected: $(path_states s1)\"
+    sleep 1
+done
+log \"paths: $(path_states s1 | tr '\\n' ' ')\"
+";
+
+fn target_restart(bed: &mut Bed) -> Result<()> {
+    let script = map_line(bed, "d", 0) + "echo $d > /tmp/restart.dev\nverify $d 4k 1M\n";
+    bed.initiator.run(&script, 2 * MINUTE)?;
+    bed.restart_target()?;
+    let script = format!(
+        "d=$(cat /tmp/restart.dev)\n{RECONNECT_ALL}\
+         verify $d 4k 2M\nunmap $d\n"
+    );
+    bed.initiator.run(&script, 5 * MINUTE)?;
+    Ok(())
+}
+
+fn multipath_cut(bed: &mut Bed) -> Result<()> {
+    let second = path_address(1).target;
+    let script = map_line(bed, "d", 0)
+        + "echo $d > /tmp/mp.dev\n\
+           [ $(path_states s1 | grep -c ' connected$') = 2 ] || die \"expected 2 connected paths: $(path_states s1)\"\n\
+           bg mp verify $d 4k 8M\n";
+    bed.initiator.run(&script, 2 * MINUTE)?;
+    std::thread::sleep(Duration::from_secs(5));
+    step(format!("cutting path 2 ({second})"));
+    bed.relays[1].set_cut(true);
+    bed.initiator.run(
+        "bgwait mp 600 || die \"verify failed with one path cut\"",
+        11 * MINUTE,
+    )?;
+    // The client must notice the dead path (rxe retries, then heartbeats).
+    bed.initiator.run(
+        &format!(
+            "n=0\nwhile path_states s1 | grep '{second}' | grep -q ' connected$'; do\n\
+             n=$((n + 1)); [ $n -ge 90 ] && die \"cut path still connected: $(path_states s1)\"\n\
+             sleep 1\ndone\nlog \"after cut: $(path_states s1 | tr '\\n' ' ')\"\n"
+        ),
+        2 * MINUTE,
+    )?;
+    let lost = bed.relays[1].stats(crate::relay::A_TO_B).lost;
+    if lost == 0 {
+        bail!("the cut of path 2 dropped nothing: the client never used it");
+    }
+    bed.relays[1].set_cut(false);
+    let script = format!("d=$(cat /tmp/mp.dev)\n{RECONNECT_ALL}verify $d 4k 2M\nunmap $d\n");
+    bed.initiator.run(&script, 5 * MINUTE)?;
+    Ok(())
+}

@@ -1,0 +1,307 @@
+//! Targets and test beds: what a test needs to know about a target.
+//!
+//! A test is written against "a target at an address on a link": the
+//! [`TargetDescriptor`] says where the target is (one address per path),
+//! which volumes it exports under which `device_path` and how big they are,
+//! whether it exports NVMe-oF too, and whether and how it can be restarted.
+//! The [`Bed`] wires a target and the Linux initiator VM through one relay
+//! per path, so pointing the suite at another target kind is a one-line
+//! change in [`TargetKind`].
+
+use crate::qemu::{NicConfig, Vm, VmConfig};
+use crate::relay::Relay;
+use crate::vmimage::{Images, Overlays};
+use anyhow::{bail, Result};
+use std::time::Duration;
+
+/// One network path: the target's and the initiator's addresses on it.
+#[derive(Clone, Debug)]
+pub struct PathAddress {
+    /// Target IPv4 address (what the client maps `path=ip:...` to).
+    pub target: String,
+    /// Initiator IPv4 address.
+    pub initiator: String,
+    /// Prefix length.
+    pub prefix: u8,
+}
+
+/// A volume a target exports.
+#[derive(Clone, Debug)]
+pub struct Volume {
+    /// The client's `device_path`.
+    pub device_path: String,
+    /// Size in bytes.
+    pub bytes: u64,
+}
+
+/// An NVMe-oF export (the Linux reference target only).
+#[derive(Clone, Debug)]
+pub struct NvmeExport {
+    /// Subsystem NQN.
+    pub nqn: String,
+    /// Namespace size in bytes.
+    pub bytes: u64,
+}
+
+/// How a target can be restarted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Restart {
+    /// Rebooting its VM (its NIC reconnects through the relay).
+    Reboot,
+}
+
+/// Everything a test needs to know about a target.
+#[derive(Clone, Debug)]
+pub struct TargetDescriptor {
+    /// Name for reports.
+    pub name: String,
+    /// Paths, in order (path 0 first).
+    pub paths: Vec<PathAddress>,
+    /// RNBD volumes.
+    pub volumes: Vec<Volume>,
+    /// NVMe-oF export, if any.
+    pub nvme: Option<NvmeExport>,
+    /// Restart support.
+    pub restart: Restart,
+}
+
+/// The kinds of target the suites know.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TargetKind {
+    /// Linux rnbd_server + rtrs_server + nvmet-rdma over rdma_rxe, brd RAM disks.
+    LinuxReference,
+}
+
+impl TargetKind {
+    /// Name for reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            TargetKind::LinuxReference => "linux-ref",
+        }
+    }
+}
+
+/// RAM disk size of the Linux reference target.
+const REF_DISK_MIB: u64 = 64;
+
+/// Addresses of path `i` (10.77.0.0/24, 10.78.0.0/24, ...).
+pub fn path_address(i: usize) -> PathAddress {
+    PathAddress {
+        target: format!("10.{}.0.1", 77 + i),
+        initiator: format!("10.{}.0.2", 77 + i),
+        prefix: 24,
+    }
+}
+
+fn mac(path: usize, host: u8) -> String {
+    format!("52:54:00:{:02x}:00:{host:02x}", 0x77 + path)
+}
+
+/// A running target.
+pub struct Target {
+    /// What tests may rely on.
+    pub descriptor: TargetDescriptor,
+    vm: Option<Vm>,
+    config: VmConfig,
+}
+
+impl Target {
+    /// Starts the target (not yet waiting for it to serve).
+    fn spawn(kind: TargetKind, images: &Images, relays: &[Relay], mtu: u32) -> Result<Target> {
+        match kind {
+            TargetKind::LinuxReference => {
+                let paths: Vec<PathAddress> = (0..relays.len()).map(path_address).collect();
+                let mut config = VmConfig::new("linux-target");
+                config.mtu = mtu;
+                config.nics = relays
+                    .iter()
+                    .enumerate()
+                    .map(|(i, relay)| NicConfig {
+                        socket: relay.b.clone(),
+                        mac: mac(i, 1),
+                        address: format!("{}/{}", paths[i].target, paths[i].prefix),
+                    })
+                    .collect();
+                let bytes = REF_DISK_MIB << 20;
+                let descriptor = TargetDescriptor {
+                    name: kind.name().to_string(),
+                    paths,
+                    volumes: ["ram0", "ram1"]
+                        .iter()
+                        .map(|d| Volume {
+                            device_path: d.to_string(),
+                            bytes,
+                        })
+                        .collect(),
+                    nvme: Some(NvmeExport {
+                        nqn: "brick-ref".into(),
+                        bytes,
+                    }),
+                    restart: Restart::Reboot,
+                };
+                let vm = Vm::spawn(images, config.clone())?;
+                Ok(Target {
+                    descriptor,
+                    vm: Some(vm),
+                    config,
+                })
+            }
+        }
+    }
+
+    /// Waits until the target serves its volumes.
+    fn wait_serving(&mut self) -> Result<()> {
+        let Some(vm) = self.vm.as_mut() else {
+            bail!("target is not running")
+        };
+        vm.wait_ready()?;
+        let mut script = format!("serve_rnbd 3 {REF_DISK_MIB}\n");
+        if let Some(nvme) = &self.descriptor.nvme {
+            script += &format!(
+                "serve_nvmet /dev/ram2 {} {}\n",
+                nvme.nqn, self.descriptor.paths[0].target
+            );
+        }
+        vm.run(&script, Duration::from_secs(60))?;
+        Ok(())
+    }
+
+    /// Restarts the target; its volumes come back empty (RAM) or intact
+    /// (durable backends), and its NICs reconnect through the relays.
+    pub fn restart(&mut self, images: &Images) -> Result<()> {
+        match self.descriptor.restart {
+            Restart::Reboot => {
+                self.vm = None; // kills QEMU
+                self.vm = Some(Vm::spawn(images, self.config.clone())?);
+                self.wait_serving()
+            }
+        }
+    }
+
+    /// Console and dmesg of the target, for failure reports.
+    pub fn diagnostics(&mut self) -> String {
+        match self.vm.as_mut() {
+            Some(vm) => format!("{:#}", vm.failure("target state at failure")),
+            None => "target not running".into(),
+        }
+    }
+}
+
+/// A target, the Linux initiator VM and one relay per path between them.
+pub struct Bed {
+    /// The relays, path 0 first (side a = initiator, side b = target).
+    pub relays: Vec<Relay>,
+    /// The target.
+    pub target: Target,
+    /// The Linux initiator VM.
+    pub initiator: Vm,
+    images: Images,
+}
+
+/// How to build a bed.
+#[derive(Clone, Debug)]
+pub struct BedConfig {
+    /// Target kind.
+    pub kind: TargetKind,
+    /// Number of paths (NICs on both sides).
+    pub paths: usize,
+    /// Link MTU.
+    pub mtu: u32,
+    /// Initiator vCPUs.
+    pub initiator_cpus: u32,
+    /// Write a pcap per path into the scratch directory.
+    pub pcap: bool,
+}
+
+impl BedConfig {
+    /// One path, MTU 1500, one vCPU.
+    pub fn new(kind: TargetKind) -> BedConfig {
+        BedConfig {
+            kind,
+            paths: 1,
+            mtu: 1500,
+            initiator_cpus: 1,
+            pcap: false,
+        }
+    }
+}
+
+impl Bed {
+    /// Starts relays, target and initiator (both VMs boot in parallel).
+    pub fn start(images: &Images, config: &BedConfig) -> Result<Bed> {
+        let dir = crate::paths::scratch("bed");
+        let mut relays = Vec::new();
+        for i in 0..config.paths {
+            let pcap = config.pcap.then(|| dir.join(format!("path{i}.pcap")));
+            relays.push(Relay::start(
+                &dir.join(format!("a{i}.sock")),
+                &dir.join(format!("b{i}.sock")),
+                0xb41c + i as u64,
+                pcap.as_deref(),
+            )?);
+        }
+        let mut target = Target::spawn(config.kind, images, &relays, config.mtu)?;
+        let mut initiator_config = VmConfig::new("initiator");
+        initiator_config.mtu = config.mtu;
+        initiator_config.cpus = config.initiator_cpus;
+        initiator_config.overlays = Overlays {
+            fio: true,
+            rping: false,
+        };
+        initiator_config.nics = relays
+            .iter()
+            .enumerate()
+            .map(|(i, relay)| {
+                let address = &target.descriptor.paths[i];
+                NicConfig {
+                    socket: relay.a.clone(),
+                    mac: mac(i, 2),
+                    address: format!("{}/{}", address.initiator, address.prefix),
+                }
+            })
+            .collect();
+        let mut initiator = Vm::spawn(images, initiator_config)?;
+        target.wait_serving()?;
+        initiator.wait_ready()?;
+        let peers: Vec<String> = target
+            .descriptor
+            .paths
+            .iter()
+            .map(|p| format!("wait_peer {}", p.target))
+            .collect();
+        initiator.run(&peers.join("\n"), Duration::from_secs(60))?;
+        for (i, relay) in relays.iter().enumerate() {
+            for side in [0, 1] {
+                if !relay.side(side).0 {
+                    bail!(
+                        "relay of path {i}: side {} has no peer after boot",
+                        ["a", "b"][side]
+                    );
+                }
+            }
+        }
+        Ok(Bed {
+            relays,
+            target,
+            initiator,
+            images: images.clone(),
+        })
+    }
+
+    /// Restarts the target in place.
+    pub fn restart_target(&mut self) -> Result<()> {
+        self.target.restart(&self.images)
+    }
+
+    /// `ip:A ip:B` path list for map_device, all paths.
+    pub fn all_paths(&self) -> String {
+        let targets: Vec<&str> = self
+            .target
+            .descriptor
+            .paths
+            .iter()
+            .map(|p| p.target.as_str())
+            .collect();
+        targets.join(" ")
+    }
+}

@@ -1,0 +1,74 @@
+//! Running host commands with progress and errors that say what failed.
+
+use anyhow::{bail, Context, Result};
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+/// Prints a progress step.
+pub fn step(message: impl AsRef<str>) {
+    eprintln!("==> {}", message.as_ref());
+}
+
+/// Runs `command`, failing with its stderr when it exits non-zero.
+pub fn run(command: &mut Command) -> Result<()> {
+    let output = command
+        .stdin(Stdio::null())
+        .output()
+        .with_context(|| format!("could not start {command:?}"))?;
+    if !output.status.success() {
+        bail!(
+            "{command:?} failed ({}):\n{}{}",
+            output.status,
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    Ok(())
+}
+
+/// Runs `command` and returns its stdout.
+pub fn output(command: &mut Command) -> Result<String> {
+    let output = command
+        .stdin(Stdio::null())
+        .output()
+        .with_context(|| format!("could not start {command:?}"))?;
+    if !output.status.success() {
+        bail!(
+            "{command:?} failed ({}):\n{}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+}
+
+/// Runs a shell snippet with `sh -c`.
+pub fn sh(script: &str) -> Result<()> {
+    run(Command::new("sh").arg("-c").arg(script))
+}
+
+/// Fails with the install command when `tool` is not on PATH.
+pub fn require_tool(tool: &str, package: &str) -> Result<()> {
+    let found = std::env::var_os("PATH")
+        .map(|paths| std::env::split_paths(&paths).any(|dir| dir.join(tool).is_file()))
+        .unwrap_or(false);
+    if !found {
+        bail!(
+            "`{tool}` is not installed; install it with: apt-get install -y {package} \
+             (.ci/run installs everything the tests need)"
+        );
+    }
+    Ok(())
+}
+
+/// Fails with the install command when `path` does not exist.
+pub fn require_path(path: &Path, package: &str) -> Result<()> {
+    if !path.exists() {
+        bail!(
+            "{} is missing; install it with: apt-get install -y {package} \
+             (.ci/run installs everything the tests need)",
+            path.display()
+        );
+    }
+    Ok(())
+}
