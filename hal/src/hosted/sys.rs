@@ -1,0 +1,109 @@
+//! The hosted system calls std lacks: ppoll(2) and vectored sendto.
+//!
+//! The only `unsafe` of the crate. Each wrapper borrows everything the
+//! kernel reads or writes for the duration of the call and returns
+//! `io::Result`.
+
+use std::io::{self, IoSlice};
+use std::mem::size_of;
+use std::net::SocketAddr;
+use std::os::fd::{AsRawFd, BorrowedFd};
+use std::ptr;
+use std::time::Duration;
+
+/// ppoll(2) on `fds`; `None` waits without timeout. Returns the number of
+/// entries with events (0 on timeout); `EINTR` counts as 0.
+pub(crate) fn ppoll(fds: &mut [libc::pollfd], timeout: Option<Duration>) -> io::Result<usize> {
+    let timespec = timeout.map(|timeout| libc::timespec {
+        tv_sec: libc::time_t::try_from(timeout.as_secs()).unwrap_or(libc::time_t::MAX),
+        tv_nsec: libc::c_long::from(timeout.subsec_nanos()),
+    });
+    let timespec_ptr = timespec.as_ref().map_or(ptr::null(), ptr::from_ref);
+    let count = libc::nfds_t::try_from(fds.len())
+        .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    // SAFETY: `fds` is an exclusively borrowed array of `count` initialised
+    // pollfd entries; `timespec_ptr` is null or points to `timespec`, alive
+    // until the call returns; a null signal mask leaves the mask unchanged.
+    let ready = unsafe { libc::ppoll(fds.as_mut_ptr(), count, timespec_ptr, ptr::null()) };
+    if ready >= 0 {
+        return Ok(usize::try_from(ready).unwrap_or(0));
+    }
+    let error = io::Error::last_os_error();
+    if error.kind() == io::ErrorKind::Interrupted {
+        Ok(0)
+    } else {
+        Err(error)
+    }
+}
+
+/// A socket address in the C layout sendmsg(2) takes.
+enum RawSocketAddr {
+    V4(libc::sockaddr_in),
+    V6(libc::sockaddr_in6),
+}
+
+impl RawSocketAddr {
+    fn new(addr: &SocketAddr) -> Self {
+        match addr {
+            SocketAddr::V4(v4) => Self::V4(libc::sockaddr_in {
+                sin_family: libc::AF_INET as libc::sa_family_t,
+                sin_port: v4.port().to_be(),
+                sin_addr: libc::in_addr {
+                    s_addr: u32::from_ne_bytes(v4.ip().octets()),
+                },
+                sin_zero: [0; 8],
+            }),
+            SocketAddr::V6(v6) => Self::V6(libc::sockaddr_in6 {
+                sin6_family: libc::AF_INET6 as libc::sa_family_t,
+                sin6_port: v6.port().to_be(),
+                sin6_flowinfo: v6.flowinfo().to_be(),
+                sin6_addr: libc::in6_addr {
+                    s6_addr: v6.ip().octets(),
+                },
+                sin6_scope_id: v6.scope_id(),
+            }),
+        }
+    }
+
+    /// Pointer and length for `msg_name` / `msg_namelen`.
+    fn as_name(&mut self) -> (*mut libc::c_void, libc::socklen_t) {
+        match self {
+            Self::V4(v4) => (
+                ptr::from_mut(v4).cast(),
+                size_of::<libc::sockaddr_in>() as libc::socklen_t,
+            ),
+            Self::V6(v6) => (
+                ptr::from_mut(v6).cast(),
+                size_of::<libc::sockaddr_in6>() as libc::socklen_t,
+            ),
+        }
+    }
+}
+
+/// sendmsg(2) of the concatenation of `buffers` as one datagram to `to`,
+/// without copying them together first. Returns the bytes sent.
+pub(crate) fn send_to_vectored(
+    socket: BorrowedFd<'_>,
+    to: &SocketAddr,
+    buffers: &[IoSlice<'_>],
+) -> io::Result<usize> {
+    let mut name = RawSocketAddr::new(to);
+    let (msg_name, msg_namelen) = name.as_name();
+    let message = libc::msghdr {
+        msg_name,
+        msg_namelen,
+        // std documents IoSlice as ABI-compatible with iovec on Unix;
+        // sendmsg only reads through this pointer.
+        msg_iov: buffers.as_ptr().cast::<libc::iovec>().cast_mut(),
+        msg_iovlen: buffers.len(),
+        msg_control: ptr::null_mut(),
+        msg_controllen: 0,
+        msg_flags: 0,
+    };
+    // SAFETY: `message` points to `name` (a sockaddr of `msg_namelen`
+    // bytes) and to `buffers` (`msg_iovlen` iovec-compatible IoSlices whose
+    // memory is borrowed), all alive until the call returns; `socket` is an
+    // open descriptor borrowed for the call.
+    let sent = unsafe { libc::sendmsg(socket.as_raw_fd(), ptr::from_ref(&message), 0) };
+    usize::try_from(sent).map_err(|_| io::Error::last_os_error())
+}

@@ -1,0 +1,95 @@
+//! UDP NIC tests: two sockets on 127.0.0.1 and 127.0.0.2, same port.
+
+use std::net::SocketAddr;
+
+use hal::hosted::{wait_readable, Link, LinkSpec, MonotonicClock, UdpNic};
+use hal::{Clock, DatagramNic, NicError};
+
+/// Binds 127.0.0.1 and 127.0.0.2 on one free port (as two RoCEv2 hosts on
+/// port 4791 would be); `BRICK_TEST_UDP_PORT` picks the port.
+fn pair() -> (UdpNic, UdpNic) {
+    if let Ok(port) = std::env::var("BRICK_TEST_UDP_PORT") {
+        let port: u16 = port.parse().expect("BRICK_TEST_UDP_PORT is a port number");
+        let a = UdpNic::bind(SocketAddr::from(([127, 0, 0, 1], port))).unwrap();
+        let b = UdpNic::bind(SocketAddr::from(([127, 0, 0, 2], port))).unwrap();
+        return (a, b);
+    }
+    for _ in 0..20 {
+        let a = UdpNic::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let port = a.local_addr().port();
+        if let Ok(b) = UdpNic::bind(SocketAddr::from(([127, 0, 0, 2], port))) {
+            return (a, b);
+        }
+    }
+    panic!("no port free on both 127.0.0.1 and 127.0.0.2");
+}
+
+fn receive(nic: &mut UdpNic) -> Option<(Vec<u8>, SocketAddr)> {
+    let deadline = MonotonicClock::new().now() + 2_000_000_000;
+    loop {
+        if let Some(got) = nic
+            .receive(|payload, from| (payload.to_vec(), from))
+            .unwrap()
+        {
+            return Some(got);
+        }
+        if MonotonicClock::new().now() >= deadline {
+            return None;
+        }
+        wait_readable(&[nic.raw_fd()], Some(deadline)).unwrap();
+    }
+}
+
+#[test]
+fn loopback_between_two_addresses() {
+    let (mut a, mut b) = pair();
+    assert_eq!(a.local_addr().port(), b.local_addr().port());
+    assert_eq!(a.receive(|_, _| ()), Ok(None));
+
+    let bth = [0x04u8, 0, 0xff, 0xff, 0, 0, 0, 0x11, 0x80, 0x12, 0x34, 0x56];
+    let payload: Vec<u8> = (0..4096u32).map(|i| i as u8).collect();
+    a.transmit(
+        b.local_addr(),
+        &bth,
+        &[&payload[..1000], &payload[1000..], b"icrc"],
+    )
+    .unwrap();
+    let (got, from) = receive(&mut b).unwrap();
+    assert_eq!(from, a.local_addr());
+    assert_eq!(&got[..12], &bth);
+    assert_eq!(&got[12..12 + 4096], &payload[..]);
+    assert_eq!(&got[12 + 4096..], b"icrc");
+
+    b.transmit(a.local_addr(), b"ack", &[]).unwrap();
+    assert_eq!(receive(&mut a), Some((b"ack".to_vec(), b.local_addr())));
+    assert_eq!(a.mtu(), 1500);
+}
+
+#[test]
+fn oversized_datagrams_are_refused() {
+    let (mut a, b) = pair();
+    let big = vec![0u8; 70_000];
+    assert_eq!(
+        a.transmit(b.local_addr(), &big, &[]),
+        Err(NicError::FrameTooLong)
+    );
+    let many = [&b"x"[..]; 17];
+    assert_eq!(
+        a.transmit(b.local_addr(), b"h", &many),
+        Err(NicError::FrameTooLong)
+    );
+}
+
+#[test]
+fn link_spec_opens_a_udp_nic() {
+    let Link::Udp(nic) = "udp:127.0.0.1:0"
+        .parse::<LinkSpec>()
+        .unwrap()
+        .open()
+        .unwrap()
+    else {
+        panic!("expected a UDP link");
+    };
+    assert_eq!(nic.local_addr().ip(), std::net::Ipv4Addr::LOCALHOST);
+    assert_ne!(nic.local_addr().port(), 0);
+}
