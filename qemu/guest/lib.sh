@@ -182,3 +182,37 @@ nvme_disconnect() {
     ctrl=${1%n*}
     echo 1 > /sys/class/nvme/$ctrl/delete_controller || die "delete $ctrl"
 }
+
+# reconnect_all SESSION [force]: kicks a reconnect through sysfs on every
+# path that is not connected (every path with "force": after a target
+# restart the client may not have noticed yet) and waits until all paths
+# are connected; skips RTRS's ~30 s reconnect delay.
+reconnect_all() {
+    for p in /sys/class/rtrs-client/$1/paths/*; do
+        if [ "$2" = force ] || ! grep -qx connected $p/state; then
+            echo 1 > $p/reconnect 2>/dev/null
+        fi
+    done
+    n=0
+    until [ -n "$(path_states $1)" ] && ! path_states $1 | grep -vq ' connected$'; do
+        for p in /sys/class/rtrs-client/$1/paths/*; do
+            grep -qx connected $p/state || echo 1 > $p/reconnect 2>/dev/null
+        done
+        n=$((n + 1)); [ $n -ge 120 ] && die "paths of $1 not reconnected: $(path_states $1)"
+        sleep 1
+    done
+    log "paths of $1: $(path_states $1 | tr '\n' ' ')"
+}
+
+# wait_connected SESSION SECONDS: waits (without kicking) until every path
+# is connected again; prints how long it took.
+wait_connected() {
+    t0=$(uptime_s)
+    n=0
+    # First the client must notice the loss, then come back.
+    until [ -n "$(path_states $1)" ] && ! path_states $1 | grep -vq ' connected$'; do
+        n=$((n + 1)); [ $n -ge $2 ] && die "paths of $1 not reconnected after $2 s: $(path_states $1)"
+        sleep 1
+    done
+    echo "$t0 $(uptime_s)" | awk '{print $2-$1}'
+}

@@ -65,6 +65,8 @@ pub struct DirectionStats {
     pub duplicated: u64,
     /// Corrupted.
     pub corrupted: u64,
+    /// Largest frame seen, in bytes.
+    pub largest: usize,
 }
 
 /// Direction index: 0 = a -> b (initiator to target), 1 = b -> a.
@@ -361,6 +363,8 @@ impl Worker {
         let (faults, cut) = {
             let mut control = self.lock();
             control.stats[direction].frames += 1;
+            let largest = &mut control.stats[direction].largest;
+            *largest = (*largest).max(frame.len());
             (control.faults[direction].clone(), control.cut)
         };
         if cut {

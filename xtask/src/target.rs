@@ -113,6 +113,10 @@ impl Target {
                 let paths: Vec<PathAddress> = (0..relays.len()).map(path_address).collect();
                 let mut config = VmConfig::new("linux-target");
                 config.mtu = mtu;
+                config.overlays = Overlays {
+                    fio: false,
+                    rping: true,
+                };
                 config.nics = relays
                     .iter()
                     .enumerate()
@@ -178,6 +182,14 @@ impl Target {
         }
     }
 
+    /// Runs a script on the target (Linux reference target only).
+    pub fn run(&mut self, script: &str) -> Result<String> {
+        let Some(vm) = self.vm.as_mut() else {
+            bail!("target is not running")
+        };
+        vm.run(script, Duration::from_secs(120))
+    }
+
     /// Console and dmesg of the target, for failure reports.
     pub fn diagnostics(&mut self) -> String {
         match self.vm.as_mut() {
@@ -195,6 +207,8 @@ pub struct Bed {
     pub target: Target,
     /// The Linux initiator VM.
     pub initiator: Vm,
+    /// Link MTU.
+    pub mtu: u32,
     images: Images,
 }
 
@@ -246,7 +260,7 @@ impl Bed {
         initiator_config.cpus = config.initiator_cpus;
         initiator_config.overlays = Overlays {
             fio: true,
-            rping: false,
+            rping: true,
         };
         initiator_config.nics = relays
             .iter()
@@ -284,6 +298,7 @@ impl Bed {
             relays,
             target,
             initiator,
+            mtu: config.mtu,
             images: images.clone(),
         })
     }
