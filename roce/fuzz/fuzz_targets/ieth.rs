@@ -1,0 +1,21 @@
+//! Fuzz target: the IETH view and repr.
+//!
+//! Parse, display, and parse(emit(parse(x))) == parse(x).
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use roce::wire::ieth;
+
+fuzz_target!(|data: &[u8]| {
+    let packet = ieth::Packet::new_unchecked(data);
+    let _ = packet.to_string();
+    if let Ok(repr) = ieth::Repr::parse(&packet) {
+        let _ = repr.to_string();
+        let mut buf = vec![0u8; repr.buffer_len()];
+        repr.emit(&mut ieth::Packet::new_unchecked(&mut buf[..]));
+        assert_eq!(
+            ieth::Repr::parse(&ieth::Packet::new_unchecked(&buf[..])),
+            Ok(repr)
+        );
+    }
+});

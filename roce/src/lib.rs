@@ -1,0 +1,28 @@
+//! Brick's software RoCEv2 HCA (sans-IO): wire formats, keys and, later, QPs.
+//!
+//! The crate is layered like smoltcp: [`wire`] holds zero-copy `Packet<T>` views and
+//! validated `Repr`s for every header Brick puts on or takes off the wire (Ethernet,
+//! ARP, IPv4, UDP, the InfiniBand transport headers, the GSI MAD, IB CM and the RDMA
+//! CM private-data header), the RoCEv2 ICRC, a whole-frame parser/emitter for the
+//! transport, and a [`wire::PrettyPrinter`] for debugging and golden tests. [`types`]
+//! holds the spec-named integers (PSN, QPN, keys, GID, MTU) that the transport and the
+//! `verbs` crate share.
+//!
+//! Specs: `docs/protocol/roce-v2.md` (RoCEv2 and RC/UD as Linux rxe speaks them) and
+//! `docs/protocol/ib-cm.md` (IB CM and RDMA CM).
+//!
+//! # Features
+//! - `std`: host-only helpers, today the `pcap` reader and writer used by the tests
+//!   and the lossy-link relay.
+//!
+//! # Fuzzing
+//! Under `cfg(fuzzing)` every checksum check (ICRC, IPv4 header checksum, non-zero UDP
+//! checksum) succeeds, so that fuzzers reach the parsers behind them.
+#![cfg_attr(not(any(test, feature = "std")), no_std)]
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+#[cfg(feature = "std")]
+pub mod pcap;
+pub mod types;
+pub mod wire;
