@@ -1,0 +1,15 @@
+//! Fuzz `rnbd::wire::SessInfo::parse`: never panics; what parses re-emits to itself.
+
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use rnbd::wire::SessInfo;
+
+fuzz_target!(|data: &[u8]| {
+    if let Ok(repr) = SessInfo::parse(data) {
+        let _ = repr.to_string();
+        let mut buf = vec![0u8; repr.buffer_len()];
+        repr.emit(&mut buf).expect("a parsed value emits");
+        assert_eq!(SessInfo::parse(&buf), Ok(repr));
+    }
+});

@@ -1,0 +1,15 @@
+//! Fuzz `rtrs::wire::ReadMsg::parse`: never panics; what parses re-emits to itself.
+
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use rtrs::wire::ReadMsg;
+
+fuzz_target!(|data: &[u8]| {
+    if let Ok(repr) = ReadMsg::parse(data) {
+        let _ = repr.to_string();
+        let mut buf = vec![0u8; repr.buffer_len()];
+        repr.emit(&mut buf).expect("a parsed value emits");
+        assert_eq!(ReadMsg::parse(&buf), Ok(repr));
+    }
+});
