@@ -1,11 +1,14 @@
-# The command agent on /dev/ttyS1 (a Unix socket on the host).
+# The command agent: `agent.sh /dev/ttyS1` (commands) and `agent.sh
+# /dev/ttyS2` (diagnostics, answers while a command hangs); each port is a
+# Unix socket on the host.
 #
 # Host -> guest, one line each:
 #   HELLO                     answered with "@@BRICK-READY"
 #   RUN <nonce> <base64>      the script is decoded and run with lib.sh
 #                             loaded; its output (stdout+stderr) follows,
 #                             then "@@BRICK-RC <nonce> <exit status>".
-port=/dev/ttyS1
+port=${1:-/dev/ttyS1}
+name=$(basename $port)
 stty -F $port raw -echo 2>/dev/null
 exec 3<>$port
 echo "@@BRICK-READY" >&3
@@ -15,10 +18,10 @@ while read -r verb nonce body <&3; do
         echo "@@BRICK-READY" >&3
         ;;
     RUN)
-        echo "$body" | base64 -d > /tmp/cmd.sh
-        ( cd /root && . /lib/brick/lib.sh && . /tmp/cmd.sh ) > /tmp/cmd.out 2>&1 < /dev/null
+        echo "$body" | base64 -d > /tmp/cmd.$name.sh
+        ( cd /root && . /lib/brick/lib.sh && . /tmp/cmd.$name.sh ) > /tmp/cmd.$name.out 2>&1 < /dev/null
         rc=$?
-        cat /tmp/cmd.out >&3
+        cat /tmp/cmd.$name.out >&3
         echo "@@BRICK-RC $nonce $rc" >&3
         ;;
     esac

@@ -76,8 +76,8 @@ pub struct Vm {
     /// The configuration it was booted with.
     pub config: VmConfig,
     child: Child,
-    control: Option<UnixStream>,
-    pending: Vec<u8>,
+    control: Option<Channel>,
+    diag: Option<Channel>,
     dir: PathBuf,
     next_nonce: u64,
     booted_at: Instant,
@@ -134,7 +134,13 @@ impl Vm {
                 "socket,id=control,path={},server=on,wait=off",
                 control_path.display()
             ))
-            .args(["-serial", "chardev:control"]);
+            .args(["-serial", "chardev:control"])
+            .arg("-chardev")
+            .arg(format!(
+                "socket,id=diag,path={},server=on,wait=off",
+                dir.join("diag.sock").display()
+            ))
+            .args(["-serial", "chardev:diag"]);
         for (i, nic) in config.nics.iter().enumerate() {
             command
                 .arg("-netdev")
@@ -169,36 +175,42 @@ impl Vm {
             config,
             child,
             control: None,
-            pending: Vec::new(),
+            diag: None,
             dir,
             next_nonce: 1,
             booted_at: Instant::now(),
         })
     }
 
-    /// Waits until the guest agent answers; returns the boot time.
+    /// Waits until the guest agents answer; returns the boot time.
     pub fn wait_ready(&mut self) -> Result<Duration> {
         let deadline = self.booted_at + BOOT_TIMEOUT;
-        let path = self.dir.join("ctl.sock");
-        let stream = loop {
-            self.check_alive()?;
-            match UnixStream::connect(&path) {
-                Ok(stream) => break stream,
-                Err(_) if Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(50))
+        for (name, slot) in [("ctl.sock", 0), ("diag.sock", 1)] {
+            let path = self.dir.join(name);
+            let channel = loop {
+                self.check_alive()?;
+                match Channel::connect(&path) {
+                    Ok(channel) => break channel,
+                    Err(_) if Instant::now() < deadline => {
+                        std::thread::sleep(Duration::from_millis(50))
+                    }
+                    Err(error) => return Err(self.failure(&format!("{name}: {error}"))),
                 }
-                Err(error) => return Err(self.failure(&format!("control socket: {error}"))),
+            };
+            if slot == 0 {
+                self.control = Some(channel);
+            } else {
+                self.diag = Some(channel);
             }
-        };
-        stream.set_read_timeout(Some(Duration::from_millis(200)))?;
-        self.control = Some(stream);
+        }
         let mut last_hello = Instant::now() - Duration::from_secs(10);
         loop {
             if last_hello.elapsed() > Duration::from_secs(2) {
-                self.send_line("HELLO")?;
+                self.control()?.send_line("HELLO")?;
                 last_hello = Instant::now();
             }
-            if let Some(line) = self.read_line(Instant::now() + Duration::from_millis(500))? {
+            let wait = Instant::now() + Duration::from_millis(500);
+            if let Some(line) = self.read_control_line(wait)? {
                 if line.trim_end() == "@@BRICK-READY" {
                     let took = self.booted_at.elapsed();
                     crate::util::step(format!(
@@ -219,13 +231,12 @@ impl Vm {
     pub fn sh(&mut self, script: &str, timeout: Duration) -> Result<Output> {
         let nonce = self.next_nonce;
         self.next_nonce += 1;
-        let encoded = base64(script.as_bytes());
-        self.send_line(&format!("RUN {nonce} {encoded}"))?;
+        self.control()?.send_run(nonce, script)?;
         let deadline = Instant::now() + timeout;
         let marker = format!("@@BRICK-RC {nonce} ");
         let mut text = String::new();
         loop {
-            match self.read_line(deadline)? {
+            match self.read_control_line(deadline)? {
                 Some(line) => {
                     if let Some(status) = line.trim_end().strip_prefix(&marker) {
                         let status = status.parse().unwrap_or(-1);
@@ -263,27 +274,30 @@ impl Vm {
         std::fs::read_to_string(self.dir.join("console.log")).unwrap_or_default()
     }
 
-    /// dmesg from the guest (empty if the agent is gone).
+    /// dmesg from the guest, through the diagnostics agent (which answers
+    /// even while a command hangs on the control port); empty if it is gone.
     pub fn dmesg(&mut self) -> String {
-        if self.control.is_none() || self.check_alive().is_err() {
+        if self.check_alive().is_err() {
             return String::new();
         }
         let nonce = self.next_nonce;
         self.next_nonce += 1;
-        if self
-            .send_line(&format!("RUN {nonce} {}", base64(b"dmesg")))
-            .is_err()
-        {
+        let Some(diag) = self.diag.as_mut() else {
+            return String::new();
+        };
+        if diag.send_run(nonce, "dmesg").is_err() {
             return String::new();
         }
         let marker = format!("@@BRICK-RC {nonce} ");
         let deadline = Instant::now() + Duration::from_secs(15);
         let mut text = String::new();
-        while let Ok(Some(line)) = self.read_line(deadline) {
+        while let Ok(Some(line)) = diag.read_line(deadline) {
             if line.starts_with(&marker) {
                 break;
             }
-            text.push_str(&line);
+            if !line.starts_with("@@BRICK-READY") {
+                text.push_str(&line);
+            }
         }
         text
     }
@@ -323,18 +337,58 @@ impl Vm {
         Ok(())
     }
 
-    fn send_line(&mut self, line: &str) -> Result<()> {
-        let stream = self
-            .control
+    fn control(&mut self) -> Result<&mut Channel> {
+        self.control
             .as_mut()
-            .context("control socket not connected")?;
-        stream.write_all(line.as_bytes())?;
-        stream.write_all(b"\n")?;
-        Ok(())
+            .context("control socket not connected")
     }
 
-    /// One line from the agent, or None at the deadline.
-    fn read_line(&mut self, deadline: Instant) -> Result<Option<String>> {
+    /// One line from the control agent, or None at the deadline; checks
+    /// that QEMU is alive while waiting.
+    fn read_control_line(&mut self, deadline: Instant) -> Result<Option<String>> {
+        loop {
+            let step = deadline.min(Instant::now() + Duration::from_millis(200));
+            match self.control()?.read_line(step) {
+                Ok(Some(line)) => return Ok(Some(line)),
+                Ok(None) if Instant::now() >= deadline => return Ok(None),
+                Ok(None) => self.check_alive()?,
+                Err(error) => {
+                    std::thread::sleep(Duration::from_millis(200));
+                    self.check_alive()?;
+                    return Err(self.failure(&format!("control socket: {error}")));
+                }
+            }
+        }
+    }
+}
+
+/// One agent's serial port, as a Unix socket with line framing.
+struct Channel {
+    stream: UnixStream,
+    pending: Vec<u8>,
+}
+
+impl Channel {
+    fn connect(path: &std::path::Path) -> std::io::Result<Channel> {
+        let stream = UnixStream::connect(path)?;
+        stream.set_read_timeout(Some(Duration::from_millis(100)))?;
+        Ok(Channel {
+            stream,
+            pending: Vec::new(),
+        })
+    }
+
+    fn send_line(&mut self, line: &str) -> std::io::Result<()> {
+        self.stream.write_all(line.as_bytes())?;
+        self.stream.write_all(b"\n")
+    }
+
+    fn send_run(&mut self, nonce: u64, script: &str) -> std::io::Result<()> {
+        self.send_line(&format!("RUN {nonce} {}", base64(script.as_bytes())))
+    }
+
+    /// One line, None at the deadline, an error when the socket closed.
+    fn read_line(&mut self, deadline: Instant) -> std::io::Result<Option<String>> {
         loop {
             if let Some(end) = self.pending.iter().position(|&b| b == b'\n') {
                 let line: Vec<u8> = self.pending.drain(..=end).collect();
@@ -344,28 +398,18 @@ impl Vm {
                 return Ok(None);
             }
             let mut buffer = [0u8; 4096];
-            let stream = self
-                .control
-                .as_mut()
-                .context("control socket not connected")?;
-            match stream.read(&mut buffer) {
+            match self.stream.read(&mut buffer) {
                 Ok(0) => {
-                    std::thread::sleep(Duration::from_millis(200));
-                    self.check_alive()?;
-                    bail!("[{}] control socket closed", self.config.name);
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::UnexpectedEof,
+                        "agent socket closed",
+                    ))
                 }
                 Ok(n) => self.pending.extend_from_slice(&buffer[..n]),
                 Err(e)
                     if e.kind() == std::io::ErrorKind::WouldBlock
-                        || e.kind() == std::io::ErrorKind::TimedOut =>
-                {
-                    self.check_alive()?;
-                }
-                Err(e) => {
-                    std::thread::sleep(Duration::from_millis(200));
-                    self.check_alive()?;
-                    return Err(self.failure(&format!("control socket: {e}")));
-                }
+                        || e.kind() == std::io::ErrorKind::TimedOut => {}
+                Err(e) => return Err(e),
             }
         }
     }

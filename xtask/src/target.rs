@@ -63,6 +63,9 @@ pub struct TargetDescriptor {
     pub nvme: Option<NvmeExport>,
     /// Restart support.
     pub restart: Restart,
+    /// Whether IO survives a lossy link (the Linux pair does not: its rxe
+    /// hangs IO after retransmissions).
+    pub survives_loss: bool,
 }
 
 /// The kinds of target the suites know.
@@ -142,6 +145,7 @@ impl Target {
                         bytes,
                     }),
                     restart: Restart::Reboot,
+                    survives_loss: false,
                 };
                 let vm = Vm::spawn(images, config.clone())?;
                 Ok(Target {
@@ -210,6 +214,15 @@ pub struct Bed {
     /// Link MTU.
     pub mtu: u32,
     images: Images,
+    dir: std::path::PathBuf,
+}
+
+impl Drop for Bed {
+    fn drop(&mut self) {
+        if std::env::var_os("BRICK_KEEP_SCRATCH").is_none() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
 }
 
 /// How to build a bed.
@@ -300,6 +313,7 @@ impl Bed {
             initiator,
             mtu: config.mtu,
             images: images.clone(),
+            dir,
         })
     }
 
