@@ -1,4 +1,4 @@
-//! Brick's software RoCEv2 HCA (sans-IO): wire formats, keys and, later, QPs.
+//! Brick's software RoCEv2 HCA (sans-IO): wire, RC queue pairs, CM, ARP.
 //!
 //! The crate is layered like smoltcp: [`wire`] holds zero-copy `Packet<T>` views and
 //! validated `Repr`s for every header Brick puts on or takes off the wire (Ethernet,
@@ -6,7 +6,12 @@
 //! CM private-data header), the RoCEv2 ICRC, a whole-frame parser/emitter for the
 //! transport, and a [`wire::PrettyPrinter`] for debugging and golden tests. [`types`]
 //! holds the spec-named integers (PSN, QPN, keys, GID, MTU) that the transport and the
-//! `verbs` crate share.
+//! `verbs` crate share. [`qp`] is the RC transport (requester and responder,
+//! go-back-N retransmission, RNR, key checks), [`hca::Hca`] the software HCA that
+//! owns the registered memory, the QP table and the completion queue and implements
+//! `verbs::Verbs`; [`cm`] holds the IB CM + RDMA CM state machines and [`arp`] the
+//! neighbour table. Not yet done: the CM is not wired into the `Hca` (its
+//! `listen`/`connect`/`accept` return errors; tests connect QPs directly).
 //!
 //! Specs: `docs/protocol/roce-v2.md` (RoCEv2 and RC/UD as Linux rxe speaks them) and
 //! `docs/protocol/ib-cm.md` (IB CM and RDMA CM).
@@ -22,7 +27,11 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod arp;
+pub mod cm;
+pub mod hca;
 #[cfg(feature = "std")]
 pub mod pcap;
+pub mod qp;
 pub mod types;
 pub mod wire;

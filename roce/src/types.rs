@@ -5,8 +5,9 @@
 //! compares in the 24-bit wrapping window rxe uses (roce-v2.md §2.2), so protocol
 //! code never does raw `u32` arithmetic on sequence numbers.
 //!
-//! Keys (`Pkey`, `Qkey`, `Rkey`, `Lkey`) are plain `pub` tuple structs: they have no
-//! invariant beyond their width, and the `verbs` crate can unify with them later.
+//! `Pkey` and `Qkey` are plain `pub` tuple structs: they have no invariant beyond
+//! their width. `Rkey` and `Lkey` are re-exported from `verbs`, so the wire layer and
+//! the fabric seam share one definition.
 
 use core::fmt;
 use core::net::{Ipv4Addr, Ipv6Addr};
@@ -208,25 +209,9 @@ impl fmt::Display for Qkey {
     }
 }
 
-/// Remote key (RETH, AtomicETH, IETH): names a memory region to the peer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Rkey(pub u32);
-
-impl fmt::Display for Rkey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{:#010x}", self.0)
-    }
-}
-
-/// Local key: names a memory region to the local HCA. Never on the wire.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Lkey(pub u32);
-
-impl fmt::Display for Lkey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{:#010x}", self.0)
-    }
-}
+/// Remote key (RETH, AtomicETH, IETH) and local key: one definition, in `verbs`
+/// (24-bit index + 8-bit variant), shared by the wire layer and the fabric seam.
+pub use verbs::{Lkey, Rkey};
 
 /// 128-bit Global Identifier. On RoCEv2 it is the IPv4-mapped IPv6 address
 /// `::ffff:a.b.c.d` of the port (roce-v2.md §1.11); the CM REQ path carries GIDs.

@@ -1,0 +1,879 @@
+//! RC queue pairs: requester and responder of the software HCA, sans-IO.
+//!
+//! One [`Qp`] is both ends of a Reliable Connected queue pair as Linux rxe
+//! speaks it (`docs/protocol/roce-v2.md` §2): the *requester* turns posted
+//! send work requests into packets, keeps them until the peer acknowledges
+//! them and retransmits (go-back-N) on NAK or timeout; the *responder*
+//! checks incoming requests (PSN order, opcode sequence, access, R_Key and
+//! range, lengths), places payloads straight into registered memory,
+//! acknowledges, answers RDMA READs and NAKs what it must refuse.
+//!
+//! The QP owns no memory and no clock. Every call gets the registered-memory
+//! [`Arena`], the time `now` (nanoseconds, monotonic) and the place for
+//! completions; frames leave through a [`FrameSink`] as headers + payload
+//! slices of registered memory + trailer, so payloads are never copied on
+//! the way out, and land through [`Arena::scatter_from`] / checked handles on
+//! the way in. Nothing allocates; queues have the capacities in [`config`].
+//!
+//! # States (IBTA QP states, roce-v2.md §2.1)
+//!
+//! `Reset` → `Init` (receives may be posted) → `Rtr` (responder runs) →
+//! `Rts` (requester runs) → `Err` (everything flushed; incoming packets are
+//! dropped; only NAKs already queued still go out). `Sqd`/`Sqe` are not used.
+//!
+//! # Requester
+//!
+//! Work requests get their PSN range when posted (a READ takes one PSN per
+//! response packet, a LOCAL_INV none). A transmit cursor (`tx_seq`, `tx_psn`)
+//! walks the send queue; `una` is the oldest unacknowledged PSN and
+//! `sent_end` one past the highest PSN ever sent. A packet may go out while
+//! it is at most [`config::MAX_UNACKED_PSNS`] PSNs past `una` (and, for a
+//! READ, while fewer than `max_rd_atomic` READs are outstanding). ACKs are
+//! cumulative; an ACK older than `una` is stale and ignored, one past
+//! `sent_end` is bogus and ignored, one covering a READ whose responses are
+//! missing means they were lost and triggers a go-back. Go-back-N rewinds the
+//! cursor to the NAK'd PSN (NAK 0x60, acted on whenever it names a new PSN:
+//! unlike rxe a NAK during a retry is not ignored), to the RNR NAK'd PSN after
+//! the RNR delay, or to `una` on timeout; every packet from there is resent
+//! from the same registered memory (READs resume at the first missing
+//! response with VA/length adjusted). The retransmit timer (4.096 µs ·
+//! 2^`local_ack_timeout`) is armed whenever anything sent is unacknowledged
+//! and re-armed on progress — never left idle with packets outstanding, the
+//! rxe bug behind `tests/vectors/rnbd-lossy-stall.pcap`.
+//!
+//! # Responder
+//!
+//! In-order PSNs only: a PSN ahead of the expected one gets one NAK 0x60
+//! (expected PSN) per gap, then silence until the expected PSN arrives; a PSN
+//! behind it is a duplicate, re-ACKed with the last acknowledged PSN and never
+//! re-executed (duplicate READs are replayed from a ring of
+//! [`config::READ_RESOURCES`] remembered reads). No receive posted → RNR NAK.
+//! Bad R_Key/range/right → NAK 0x62, bad opcode sequence, lengths or
+//! forbidden operation → NAK 0x61; both put the QP into `Err`.
+//!
+//! # Not implemented (yet)
+//!
+//! - Atomics (CmpSwap/FetchAdd, ATOMIC ACK): RTRS and rping do not use
+//!   them; the responder answers one with NAK 0x61 (an operation the QP does
+//!   not permit) and goes to `Err`.
+//! - The solicited-event bit: `verbs::SendWr` has no flag for it, so SE is
+//!   never set, and it is ignored on receive.
+//! - UD and the GSI QP (CM MADs) belong to the CM module, not here.
+//! - A full completion queue drops completions (counted in
+//!   [`Counters::cq_overflows`]) instead of erroring the QPs.
+//! - Like rxe, ACK credits and MSN are not used by the requester, and the
+//!   responder recycles its READ ring rather than NAKing a peer that exceeds
+//!   `max_dest_rd_atomic`.
+
+use heapless::Deque;
+use verbs::memory::Arena;
+use verbs::{
+    AccessFlags, ConnId, MemoryHandle, Rkey, Sgl, WcOpcode, WcStatus, WorkCompletion, WrId,
+};
+
+use crate::types::{Msn, Mtu, Psn, Qpn};
+use crate::wire::{
+    ipv4, udp, EtherType, EthernetAddress, EthernetRepr, ExtHeaders, FrameHeaders, Ipv4Address,
+    Ipv4Repr, Opcode, RoceFrame, UdpRepr, MAX_HEADERS_LEN,
+};
+use crate::wire::{BthRepr, Trailer};
+
+mod requester;
+mod responder;
+
+pub mod config {
+    //! Compile-time capacities of a queue pair and the transport constants.
+
+    /// Send-queue entries per QP (posted, not yet completed send WRs).
+    pub const SQ_DEPTH: usize = 128;
+    /// Receive-queue entries per QP.
+    pub const RQ_DEPTH: usize = 128;
+    /// Remembered incoming RDMA READs per QP, for duplicate replay; also the
+    /// most READs the responder serves at once (`max_dest_rd_atomic` cap).
+    pub const READ_RESOURCES: usize = 16;
+    /// Queued responder output (ACK/NAK, READ reply streams) per QP.
+    pub const RESPONSE_DEPTH: usize = 32;
+    /// How far past the oldest unacknowledged PSN the requester may send
+    /// (rxe `RXE_MAX_UNACKED_PSNS`, roce-v2.md §2.3.3: PSN `una + 128` is
+    /// the last allowed, as in the captures).
+    pub const MAX_UNACKED_PSNS: u32 = 128;
+    /// AckReq is set on every message's last packet and on the this-many-th
+    /// consecutive non-final packet since the last AckReq, exactly as rxe
+    /// does (more than `RXE_MAX_PKT_PER_ACK` = 64, roce-v2.md §2.3.2; seen at
+    /// the 66th in `rnbd-linux-srv-linux-clt.pcap`).
+    pub const ACK_REQ_INTERVAL: u32 = 66;
+    /// Largest message (rxe `RXE_PORT_MAX_MSG_SZ`); bounds the PSNs one WR
+    /// takes, keeping every outstanding PSN within the 2^23 comparison window.
+    pub const MAX_MESSAGE_LEN: u32 = 8 << 20;
+    /// Local ACK timeout exponent used when the negotiated one is 0 (which IB
+    /// defines as "no timer"): Brick never runs without a retransmit timer.
+    pub const DEFAULT_ACK_TIMEOUT: u8 = 14;
+}
+
+/// QP states, named after the IBTA's (roce-v2.md §2.1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum QpState {
+    /// Created, nothing configured; packets are dropped.
+    Reset,
+    /// Receives may be posted; packets are still dropped.
+    Init,
+    /// Ready to receive: the responder runs, the requester does not.
+    Rtr,
+    /// Ready to send: requester and responder run.
+    Rts,
+    /// Error: work requests were flushed, incoming packets are dropped.
+    Err,
+}
+
+/// Where the peer is: Ethernet and IPv4 addresses plus the IP/UDP fields of
+/// every frame the QP sends (roce-v2.md §1.2-1.3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Path {
+    /// Our MAC.
+    pub local_mac: [u8; 6],
+    /// The peer's MAC (from ARP).
+    pub peer_mac: [u8; 6],
+    /// Our IPv4 address.
+    pub local_ip: [u8; 4],
+    /// The peer's IPv4 address; packets from any other source are dropped.
+    pub peer_ip: [u8; 4],
+    /// UDP source port, constant per QP (rxe: ≥ 0xC000, see
+    /// [`udp::source_port_for_qpn`]).
+    pub udp_src_port: u16,
+    /// IPv4 TOS (CM traffic class, normally 0).
+    pub tos: u8,
+    /// IPv4 TTL (CM hop limit, normally 64).
+    pub ttl: u8,
+}
+
+/// Everything needed to bring an RC QP to RTS: what the CM negotiates
+/// (roce-v2.md §2.1, ib-cm.md §4) or a test sets directly.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QpParams {
+    /// The peer's QPN (BTH DestQP of everything we send).
+    pub peer_qpn: Qpn,
+    /// Our first send PSN (the peer's expected PSN).
+    pub send_psn: Psn,
+    /// The first PSN we expect from the peer.
+    pub recv_psn: Psn,
+    /// Path MTU: payload bytes per packet.
+    pub mtu: Mtu,
+    /// Local ACK timeout exponent: retransmit after 4.096 µs · 2^t (0 is
+    /// replaced by [`config::DEFAULT_ACK_TIMEOUT`]; values above 31 by 31).
+    pub local_ack_timeout: u8,
+    /// Retransmissions allowed on timeout/NAK 0x60 before `RetryExcErr`;
+    /// 7 = infinite (as rxe).
+    pub retry_count: u8,
+    /// RNR retries allowed before `RnrRetryExcErr`; 7 = infinite.
+    pub rnr_retry: u8,
+    /// RNR timer code we put into our RNR NAKs (roce-v2.md §2.3.6).
+    pub min_rnr_timer: u8,
+    /// RDMA READs we may have outstanding at the peer (its responder
+    /// resources); 0 forbids posting READs.
+    pub max_rd_atomic: u8,
+    /// RDMA READs we serve at once (our responder resources); 0 refuses
+    /// incoming READs with NAK 0x61. Capped at [`config::READ_RESOURCES`].
+    pub max_dest_rd_atomic: u8,
+    /// Remote operations the peer may do on this QP: REMOTE_WRITE and/or
+    /// REMOTE_READ (others NAK 0x61).
+    pub remote_access: AccessFlags,
+    /// Addressing.
+    pub path: Path,
+}
+
+impl QpParams {
+    /// The retransmit timeout in nanoseconds (4.096 µs · 2^t).
+    pub fn ack_timeout_ns(&self) -> u64 {
+        let t = match self.local_ack_timeout {
+            0 => config::DEFAULT_ACK_TIMEOUT,
+            t => t.min(31),
+        };
+        4096u64 << t
+    }
+}
+
+/// RNR NAK timer code → delay in nanoseconds (roce-v2.md §2.3.6).
+pub fn rnr_delay_ns(code: u8) -> u64 {
+    const MICROS: [u32; 32] = [
+        655_360, 10, 20, 30, 40, 60, 80, 120, 160, 240, 320, 480, 640, 960, 1280, 1920, 2560, 3840,
+        5120, 7680, 10_240, 15_360, 20_480, 30_720, 40_960, 61_440, 81_920, 122_880, 163_840,
+        245_760, 327_680, 491_520,
+    ];
+    u64::from(MICROS[usize::from(code & 0x1f)]) * 1000
+}
+
+/// Where frames go: headers (Ethernet through extended headers), the payload
+/// as slices of registered memory, and the trailer (pad + ICRC). A NIC
+/// gathers the three (writev, descriptor chains).
+///
+/// Transmission is fire-and-forget: a sink that cannot send a frame drops it
+/// and the transport recovers as from any loss (retransmission, duplicate
+/// ACKs). Sinks that want back-pressure should stop `poll` calls instead.
+pub trait FrameSink {
+    /// Sends one frame made of `headers`, each `payload` piece, `trailer`.
+    fn transmit(&mut self, headers: &[u8], payload: &[&[u8]], trailer: &[u8]);
+}
+
+impl<F: FnMut(&[u8], &[&[u8]], &[u8])> FrameSink for F {
+    fn transmit(&mut self, headers: &[u8], payload: &[&[u8]], trailer: &[u8]) {
+        self(headers, payload, trailer)
+    }
+}
+
+/// Event and drop counters of an HCA (all QPs together). Plain numbers,
+/// wrapping never expected in practice (`u64`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Counters {
+    /// Frames handed to `receive`.
+    pub frames_in: u64,
+    /// Frames sent through the sink.
+    pub frames_out: u64,
+    /// Dropped: did not parse (truncated, bad lengths, unsupported, ...).
+    pub drop_malformed: u64,
+    /// Dropped: bad ICRC (or IPv4 header checksum).
+    pub drop_bad_checksum: u64,
+    /// Dropped: not addressed to our IP, or not from the QP's peer.
+    pub drop_bad_address: u64,
+    /// Dropped: P_Key not the default partition.
+    pub drop_bad_pkey: u64,
+    /// Dropped: no QP with that number, or a QP that is not ready.
+    pub drop_unknown_qpn: u64,
+    /// Dropped: not an RC opcode, or a response nobody waits for.
+    pub drop_bad_opcode: u64,
+    /// Dropped by the responder: out-of-sequence packets after the NAK.
+    pub drop_out_of_sequence: u64,
+    /// Duplicate requests seen (re-ACKed or replayed, never re-executed).
+    pub duplicates: u64,
+    /// Stale or bogus ACKs/responses ignored by the requester.
+    pub stale_acks: u64,
+    /// Packets sent again (go-back-N after NAK, RNR or timeout).
+    pub retransmissions: u64,
+    /// Retransmit timer expiries with packets outstanding.
+    pub timeouts: u64,
+    /// NAKs (any code, RNR excluded) sent.
+    pub naks_sent: u64,
+    /// NAKs (any code, RNR excluded) received.
+    pub naks_received: u64,
+    /// RNR NAKs sent.
+    pub rnr_naks_sent: u64,
+    /// RNR NAKs received.
+    pub rnr_naks_received: u64,
+    /// ACK/NAK/read responses not queued because the response queue was full.
+    pub responses_dropped: u64,
+    /// Completions lost because the completion queue was full.
+    pub cq_overflows: u64,
+}
+
+/// The completion queue shared by all QPs of an HCA: completions in the
+/// order they were generated, bounded by `C`.
+pub struct CompletionQueue<const C: usize> {
+    entries: Deque<WorkCompletion, C>,
+}
+
+impl<const C: usize> Default for CompletionQueue<C> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<const C: usize> CompletionQueue<C> {
+    /// An empty queue.
+    pub const fn new() -> Self {
+        Self {
+            entries: Deque::new(),
+        }
+    }
+
+    /// Appends a completion; counts an overflow (and drops it) when full.
+    pub fn push(&mut self, completion: WorkCompletion, counters: &mut Counters) {
+        if self.entries.push_back(completion).is_err() {
+            counters.cq_overflows += 1;
+        }
+    }
+
+    /// The oldest completion.
+    pub fn pop(&mut self) -> Option<WorkCompletion> {
+        self.entries.pop_front()
+    }
+
+    /// Completions waiting.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Whether no completion waits.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+}
+
+/// What the QP needs from the HCA on every call: registered memory, the
+/// completion queue and the counters.
+pub struct Context<'a, S, const N: usize, const C: usize> {
+    /// Registered memory.
+    pub arena: &'a mut Arena<S, N>,
+    /// Where completions go.
+    pub cq: &'a mut CompletionQueue<C>,
+    /// Counters to bump.
+    pub counters: &'a mut Counters,
+}
+
+/// The operation of a send WQE, decoded from its [`verbs::SendOp`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum WqeOp {
+    Send {
+        imm: Option<u32>,
+        invalidate: Option<Rkey>,
+    },
+    Write {
+        remote_addr: u64,
+        rkey: Rkey,
+        imm: Option<u32>,
+    },
+    Read {
+        remote_addr: u64,
+        rkey: Rkey,
+    },
+    LocalInv {
+        rkey: Rkey,
+    },
+}
+
+/// A send-queue entry: the request, its PSN range and progress.
+#[derive(Debug, Clone)]
+struct SendWqe {
+    wr_id: WrId,
+    signaled: bool,
+    op: WqeOp,
+    sgl: Sgl,
+    len: u32,
+    first_psn: Psn,
+    /// PSNs taken: packets (READ: response packets); 0 for LOCAL_INV.
+    npkts: u32,
+    /// LOCAL_INV only: done when the cursor passed it.
+    executed: bool,
+}
+
+impl SendWqe {
+    fn last_psn(&self) -> Psn {
+        self.first_psn.wrapping_add(self.npkts.saturating_sub(1))
+    }
+
+    fn contains(&self, psn: Psn) -> bool {
+        self.npkts > 0 && self.first_psn.distance_to(psn) < self.npkts
+    }
+
+    fn is_read(&self) -> bool {
+        matches!(self.op, WqeOp::Read { .. })
+    }
+
+    fn completion_opcode(&self) -> WcOpcode {
+        match self.op {
+            WqeOp::Send { .. } => WcOpcode::Send,
+            WqeOp::Write { .. } => WcOpcode::RdmaWrite,
+            WqeOp::Read { .. } => WcOpcode::RdmaRead,
+            WqeOp::LocalInv { .. } => WcOpcode::LocalInv,
+        }
+    }
+}
+
+/// A receive-queue entry.
+#[derive(Debug, Clone)]
+struct RecvWqe {
+    wr_id: WrId,
+    sgl: Sgl,
+    len: u32,
+}
+
+/// The message the responder is in the middle of (what MIDDLE/LAST continue).
+#[derive(Debug, Clone)]
+enum Inbound {
+    /// Between messages: only FIRST/ONLY/READ may come.
+    Idle,
+    /// A multi-packet SEND: its receive WQE and the bytes placed so far.
+    Send { recv: RecvWqe, offset: u32 },
+    /// A multi-packet RDMA WRITE: target (None for zero length), bytes
+    /// placed, total length from the RETH.
+    Write {
+        target: Option<MemoryHandle>,
+        offset: u32,
+        len: u32,
+    },
+}
+
+/// A remembered incoming READ (for the reply stream and duplicates).
+#[derive(Debug, Clone, Copy)]
+struct ReadResource {
+    /// Generation, so a queued reply notices its resource was recycled.
+    seq: u32,
+    first_psn: Psn,
+    npkts: u32,
+    target: Option<MemoryHandle>,
+    va: u64,
+    len: u32,
+    rkey: Rkey,
+    msn: Msn,
+}
+
+/// Queued responder output.
+#[derive(Debug, Clone, Copy)]
+enum Response {
+    /// An ACKNOWLEDGE packet (ACK, NAK or RNR NAK).
+    Ack {
+        psn: Psn,
+        syndrome: crate::wire::Syndrome,
+        msn: Msn,
+    },
+    /// READ response packets `next_psn ..= last` of a resource; `start_psn`
+    /// is where this reply run began (its FIRST/ONLY packet).
+    Read {
+        slot: u8,
+        seq: u32,
+        start_psn: Psn,
+        next_psn: Psn,
+    },
+}
+
+/// One RC queue pair (see the module docs).
+pub struct Qp {
+    conn: ConnId,
+    qpn: Qpn,
+    state: QpState,
+    params: Option<QpParams>,
+    template: Option<FrameHeaders>,
+    mtu: u32,
+
+    // Requester.
+    sq: Deque<SendWqe, { config::SQ_DEPTH }>,
+    /// Sequence number of `sq.front()`.
+    front_seq: u64,
+    /// Sequence number of the WQE the cursor is in.
+    tx_seq: u64,
+    /// Next PSN the cursor sends.
+    tx_psn: Psn,
+    /// PSN the next posted WQE starts at.
+    post_psn: Psn,
+    /// Oldest unacknowledged PSN.
+    una: Psn,
+    /// One past the highest PSN sent.
+    sent_end: Psn,
+    retry_left: u8,
+    rnr_left: u8,
+    retransmit_deadline: Option<u64>,
+    rnr_until: Option<u64>,
+    /// The PSN of the last go-back done on a NAK, until progress.
+    last_nak: Option<Psn>,
+    /// Non-final packets sent since the last AckReq.
+    since_ack_req: u32,
+
+    // Responder.
+    rq: Deque<RecvWqe, { config::RQ_DEPTH }>,
+    epsn: Psn,
+    /// PSN duplicates are re-ACKed with (last accepted SEND/WRITE packet).
+    ack_psn: Psn,
+    msn: Msn,
+    /// A NAK 0x60 went out for the current gap.
+    nak_sent: bool,
+    inbound: Inbound,
+    reads: [Option<ReadResource>; config::READ_RESOURCES],
+    read_next: usize,
+    read_seq: u32,
+    out: Deque<Response, { config::RESPONSE_DEPTH }>,
+}
+
+impl Qp {
+    /// A QP in `Reset` with number `qpn`, reported in completions as `conn`.
+    pub fn new(conn: ConnId, qpn: Qpn) -> Self {
+        Self {
+            conn,
+            qpn,
+            state: QpState::Reset,
+            params: None,
+            template: None,
+            mtu: 1024,
+            sq: Deque::new(),
+            front_seq: 0,
+            tx_seq: 0,
+            tx_psn: Psn::new(0),
+            post_psn: Psn::new(0),
+            una: Psn::new(0),
+            sent_end: Psn::new(0),
+            retry_left: 0,
+            rnr_left: 0,
+            retransmit_deadline: None,
+            rnr_until: None,
+            last_nak: None,
+            since_ack_req: 0,
+            rq: Deque::new(),
+            epsn: Psn::new(0),
+            ack_psn: Psn::new(0),
+            msn: Msn::new(0),
+            nak_sent: false,
+            inbound: Inbound::Idle,
+            reads: [None; config::READ_RESOURCES],
+            read_next: 0,
+            read_seq: 0,
+            out: Deque::new(),
+        }
+    }
+
+    /// The QP number.
+    pub fn qpn(&self) -> Qpn {
+        self.qpn
+    }
+
+    /// The connection id completions carry.
+    pub fn conn(&self) -> ConnId {
+        self.conn
+    }
+
+    /// The current state.
+    pub fn state(&self) -> QpState {
+        self.state
+    }
+
+    /// The parameters given to [`Qp::connect`], if any.
+    pub fn params(&self) -> Option<&QpParams> {
+        self.params.as_ref()
+    }
+
+    /// The peer's IPv4 address once connected.
+    pub fn peer_ip(&self) -> Option<[u8; 4]> {
+        self.params.map(|params| params.path.peer_ip)
+    }
+
+    /// A snapshot of the transport state, for tests, counters and debugging.
+    pub fn snapshot(&self) -> QpSnapshot {
+        QpSnapshot {
+            state: self.state,
+            send_queue: self.sq.len(),
+            receive_queue: self.rq.len(),
+            una: self.una,
+            sent_end: self.sent_end,
+            tx_psn: self.tx_psn,
+            tx_index: self.tx_seq.saturating_sub(self.front_seq),
+            retransmit_deadline: self.retransmit_deadline,
+            rnr_until: self.rnr_until,
+            expected_psn: self.epsn,
+            msn: self.msn,
+            responses_queued: self.out.len(),
+        }
+    }
+
+    /// `Reset` → `Init`: receives may be posted from now on.
+    pub fn init(&mut self) {
+        if self.state == QpState::Reset {
+            self.state = QpState::Init;
+        }
+    }
+
+    /// `Reset`/`Init` → `Rts` with `params`: [`Qp::ready_to_receive`] then
+    /// [`Qp::ready_to_send`].
+    ///
+    /// # Errors
+    /// As [`Qp::ready_to_receive`].
+    pub fn connect(&mut self, params: QpParams) -> Result<(), ConnectQpError> {
+        self.ready_to_receive(params)?;
+        self.ready_to_send()
+    }
+
+    /// `Rtr` → `Rts`: the requester may send (the active side after the REP,
+    /// the passive side on RTU or the first packet, ib-cm.md §4).
+    ///
+    /// # Errors
+    /// [`ConnectQpError::InvalidState`] unless in `Rtr`.
+    pub fn ready_to_send(&mut self) -> Result<(), ConnectQpError> {
+        if self.state != QpState::Rtr {
+            return Err(ConnectQpError::InvalidState);
+        }
+        self.state = QpState::Rts;
+        Ok(())
+    }
+
+    /// `Reset`/`Init` → `Rtr` with `params`: the responder accepts the peer's
+    /// packets from `params.recv_psn` on (post receives first); nothing is
+    /// sent but ACKs, NAKs and READ responses.
+    ///
+    /// # Errors
+    /// [`ConnectQpError::InvalidState`] if the QP is past `Init`,
+    /// [`ConnectQpError::InvalidMtu`] for a reserved MTU encoding.
+    pub fn ready_to_receive(&mut self, params: QpParams) -> Result<(), ConnectQpError> {
+        if !matches!(self.state, QpState::Reset | QpState::Init) {
+            return Err(ConnectQpError::InvalidState);
+        }
+        let mtu = params.mtu.bytes().ok_or(ConnectQpError::InvalidMtu)?;
+        self.mtu = mtu as u32;
+        let path = params.path;
+        self.template = Some(FrameHeaders {
+            eth: EthernetRepr {
+                src_addr: EthernetAddress(path.local_mac),
+                dst_addr: EthernetAddress(path.peer_mac),
+                ethertype: EtherType::Ipv4,
+            },
+            ip: Ipv4Repr {
+                src_addr: Ipv4Address::from(path.local_ip),
+                dst_addr: Ipv4Address::from(path.peer_ip),
+                protocol: ipv4::Protocol::Udp,
+                payload_len: 0,
+                ttl: path.ttl,
+                tos: path.tos,
+                ident: 0,
+                dont_frag: true,
+            },
+            udp: UdpRepr {
+                src_port: path.udp_src_port,
+                dst_port: udp::ROCE_V2_PORT,
+            },
+            bth: BthRepr {
+                opcode: Opcode::RcAcknowledge,
+                solicited: false,
+                mig_req: false,
+                pad_count: 0,
+                pkey: crate::types::Pkey::DEFAULT,
+                fecn: false,
+                becn: false,
+                dest_qp: params.peer_qpn,
+                ack_req: false,
+                psn: Psn::new(0),
+            },
+            ext: ExtHeaders::default(),
+        });
+        self.post_psn = params.send_psn;
+        self.tx_psn = params.send_psn;
+        self.una = params.send_psn;
+        self.sent_end = params.send_psn;
+        self.tx_seq = self.front_seq;
+        self.retry_left = params.retry_count.min(7);
+        self.rnr_left = params.rnr_retry.min(7);
+        self.epsn = params.recv_psn;
+        self.ack_psn = params.recv_psn.wrapping_sub(1);
+        self.params = Some(params);
+        self.state = QpState::Rtr;
+        Ok(())
+    }
+
+    /// The next deadline (ns) at which [`Qp::poll`] has timer work, or
+    /// `Some(now)` if it has frames to send right away.
+    pub fn poll_at(&self, now: u64) -> Option<u64> {
+        if !self.out.is_empty() {
+            return Some(now);
+        }
+        if self.state != QpState::Rts {
+            return None;
+        }
+        if let Some(until) = self.rnr_until {
+            return Some(until);
+        }
+        if self.can_send_now() {
+            return Some(now);
+        }
+        self.retransmit_deadline
+    }
+
+    /// Runs timers and sends up to `budget` frames: queued responses (ACK,
+    /// NAK, READ replies) first, then requester packets. Returns the number
+    /// of frames sent. Bounded: at most `budget` frames and O(`SQ_DEPTH`)
+    /// bookkeeping per frame.
+    pub fn poll<S, K, const N: usize, const C: usize>(
+        &mut self,
+        now: u64,
+        ctx: &mut Context<'_, S, N, C>,
+        sink: &mut K,
+        budget: usize,
+    ) -> usize
+    where
+        S: AsRef<[u8]> + AsMut<[u8]>,
+        K: FrameSink + ?Sized,
+    {
+        if self.state == QpState::Rts {
+            self.run_timers(now, ctx);
+        }
+        let mut sent = self.send_responses(ctx, sink, budget);
+        if self.state == QpState::Rts {
+            sent += self.send_requests(now, ctx, sink, budget - sent);
+        }
+        ctx.counters.frames_out += sent as u64;
+        sent
+    }
+
+    /// Handles one parsed, ICRC-checked frame addressed to this QP (the HCA
+    /// checked addresses and P_Key). Requests go to the responder, ACKs and
+    /// READ responses to the requester; anything else is dropped and counted.
+    pub fn receive<S, const N: usize, const C: usize>(
+        &mut self,
+        now: u64,
+        frame: &RoceFrame<'_>,
+        ctx: &mut Context<'_, S, N, C>,
+    ) where
+        S: AsRef<[u8]> + AsMut<[u8]>,
+    {
+        match self.state {
+            QpState::Rtr | QpState::Rts => {}
+            _ => {
+                ctx.counters.drop_unknown_qpn += 1;
+                return;
+            }
+        }
+        match frame.bth.opcode {
+            Opcode::RcAcknowledge
+            | Opcode::RcRdmaReadResponseFirst
+            | Opcode::RcRdmaReadResponseMiddle
+            | Opcode::RcRdmaReadResponseLast
+            | Opcode::RcRdmaReadResponseOnly => {
+                if self.state == QpState::Rts {
+                    self.handle_response(now, frame, ctx);
+                } else {
+                    ctx.counters.drop_bad_opcode += 1;
+                }
+            }
+            _ => self.handle_request(frame, ctx),
+        }
+    }
+
+    /// Moves the QP to `Err`: every send and receive WR completes with
+    /// `WrFlushErr` (a SEND in the middle of arriving with `in_progress`),
+    /// pins are released, timers stop. Already queued ACK/NAK packets still
+    /// go out (the NAK that explains the error); READ replies are dropped.
+    pub fn enter_error<S, const N: usize, const C: usize>(
+        &mut self,
+        ctx: &mut Context<'_, S, N, C>,
+        in_progress: WcStatus,
+    ) where
+        S: AsRef<[u8]> + AsMut<[u8]>,
+    {
+        if self.state == QpState::Err {
+            return;
+        }
+        self.state = QpState::Err;
+        self.retransmit_deadline = None;
+        self.rnr_until = None;
+        while let Some(wqe) = self.sq.pop_front() {
+            let _ = ctx.arena.unpin_sgl(wqe.sgl.as_slice());
+            let wc = WorkCompletion::new(
+                wqe.wr_id,
+                self.conn,
+                wqe.completion_opcode(),
+                WcStatus::WrFlushErr,
+            );
+            ctx.cq.push(wc, ctx.counters);
+            self.front_seq += 1;
+        }
+        if let Inbound::Send { recv, .. } = core::mem::replace(&mut self.inbound, Inbound::Idle) {
+            let _ = ctx.arena.unpin_sgl(recv.sgl.as_slice());
+            let wc = WorkCompletion::new(recv.wr_id, self.conn, WcOpcode::Recv, in_progress);
+            ctx.cq.push(wc, ctx.counters);
+        }
+        while let Some(recv) = self.rq.pop_front() {
+            let _ = ctx.arena.unpin_sgl(recv.sgl.as_slice());
+            let wc =
+                WorkCompletion::new(recv.wr_id, self.conn, WcOpcode::Recv, WcStatus::WrFlushErr);
+            ctx.cq.push(wc, ctx.counters);
+        }
+        let mut kept: Deque<Response, { config::RESPONSE_DEPTH }> = Deque::new();
+        while let Some(response) = self.out.pop_front() {
+            if matches!(response, Response::Ack { .. }) {
+                let _ = kept.push_back(response);
+            }
+        }
+        self.out = kept;
+    }
+
+    /// Releases every pin the QP holds without generating completions (for
+    /// destroying a QP whose completions the consumer no longer wants).
+    pub fn release<S, const N: usize>(&mut self, arena: &mut Arena<S, N>)
+    where
+        S: AsRef<[u8]> + AsMut<[u8]>,
+    {
+        while let Some(wqe) = self.sq.pop_front() {
+            let _ = arena.unpin_sgl(wqe.sgl.as_slice());
+        }
+        if let Inbound::Send { recv, .. } = core::mem::replace(&mut self.inbound, Inbound::Idle) {
+            let _ = arena.unpin_sgl(recv.sgl.as_slice());
+        }
+        while let Some(recv) = self.rq.pop_front() {
+            let _ = arena.unpin_sgl(recv.sgl.as_slice());
+        }
+        self.out.clear();
+        self.state = QpState::Err;
+    }
+
+    /// Emits one packet through `sink` from the template: `opcode`, `psn`,
+    /// AckReq, extended headers and payload pieces. Returns false (nothing
+    /// sent) only if the headers cannot be emitted (a bug, not peer input).
+    fn emit<K: FrameSink + ?Sized>(
+        &self,
+        sink: &mut K,
+        opcode: Opcode,
+        psn: Psn,
+        ack_req: bool,
+        ext: ExtHeaders,
+        pieces: &[&[u8]],
+    ) -> bool {
+        let Some(template) = self.template else {
+            return false;
+        };
+        let mut headers = template;
+        headers.bth.opcode = opcode;
+        headers.bth.psn = psn;
+        headers.bth.ack_req = ack_req;
+        headers.ext = ext;
+        let payload_len = pieces.iter().map(|piece| piece.len()).sum();
+        let mut buf = [0u8; MAX_HEADERS_LEN];
+        let Ok(len) = headers.emit_headers(&mut buf, payload_len) else {
+            return false;
+        };
+        let trailer = Trailer::new(&buf[..len], pieces);
+        sink.transmit(&buf[..len], pieces, trailer.as_bytes());
+        true
+    }
+}
+
+/// The transport state of a QP at one moment (see [`Qp::snapshot`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QpSnapshot {
+    /// QP state.
+    pub state: QpState,
+    /// Send WRs not yet completed.
+    pub send_queue: usize,
+    /// Receive WRs posted and not yet consumed.
+    pub receive_queue: usize,
+    /// Requester: oldest unacknowledged PSN.
+    pub una: Psn,
+    /// Requester: one past the highest PSN sent.
+    pub sent_end: Psn,
+    /// Requester: next PSN the transmit cursor sends.
+    pub tx_psn: Psn,
+    /// Requester: send-queue index of the cursor's WQE.
+    pub tx_index: u64,
+    /// Requester: retransmit deadline (ns), if armed.
+    pub retransmit_deadline: Option<u64>,
+    /// Requester: end of the RNR wait (ns), if waiting.
+    pub rnr_until: Option<u64>,
+    /// Responder: expected PSN.
+    pub expected_psn: Psn,
+    /// Responder: messages completed.
+    pub msn: Msn,
+    /// Responder: queued ACK/NAK/READ reply entries.
+    pub responses_queued: usize,
+}
+
+/// Why [`Qp::connect`] refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ConnectQpError {
+    /// The QP is already connected or in error.
+    InvalidState,
+    /// The path MTU is a reserved encoding.
+    InvalidMtu,
+}
+
+impl core::fmt::Display for ConnectQpError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(match self {
+            Self::InvalidState => "queue pair not in Reset or Init",
+            Self::InvalidMtu => "reserved path MTU",
+        })
+    }
+}
+
+impl core::error::Error for ConnectQpError {}

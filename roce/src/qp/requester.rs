@@ -1,0 +1,764 @@
+//! The RC requester: segmentation, window, ACK processing, go-back-N.
+//!
+//! roce-v2.md §2.3 (what rxe does as requester) and §2.6 (what a server
+//! must do): segment at the path MTU, AckReq on every last packet, keep
+//! packets until cumulatively ACKed, go back N on NAK 0x60 / RNR NAK /
+//! timeout, complete in order with the verbs statuses. The state is
+//! described in the parent module's docs.
+
+use heapless::Vec;
+use verbs::{AccessFlags, PostError, SendOp, SendWr, WcStatus, WorkCompletion, MAX_SGE};
+
+use super::{config, Context, FrameSink, Qp, QpState, SendWqe, WqeOp};
+use crate::types::Psn;
+use crate::wire::{
+    ExtHeaders, IethRepr, ImmDtRepr, NakCode, Opcode, RethRepr, RoceFrame, Syndrome,
+};
+
+/// What a cumulative ACK did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum AckOutcome {
+    /// `una` moved forward.
+    Progress,
+    /// Nothing new (duplicate or stale ACK).
+    NoProgress,
+    /// The ACK covers a READ whose responses never arrived: go back.
+    ReadLost,
+}
+
+impl Qp {
+    /// Posts send work requests, all or none (verbs `post_send`): checks
+    /// lengths and local keys, pins the memory and assigns PSN ranges.
+    ///
+    /// # Errors
+    /// [`PostError::NotConnected`] unless in `Rts`; [`PostError::QueueFull`];
+    /// [`PostError::LengthOverflow`] for a message over
+    /// [`config::MAX_MESSAGE_LEN`]; [`PostError::InvalidKey`],
+    /// [`PostError::OutOfBounds`], [`PostError::AccessDenied`] for bad SGEs
+    /// (an RDMA READ destination needs LOCAL_WRITE; READs need
+    /// `max_rd_atomic > 0`).
+    pub fn post_send<S, const N: usize>(
+        &mut self,
+        requests: &[SendWr],
+        arena: &mut verbs::memory::Arena<S, N>,
+    ) -> Result<(), PostError>
+    where
+        S: AsRef<[u8]> + AsMut<[u8]>,
+    {
+        if self.state != QpState::Rts {
+            return Err(PostError::NotConnected);
+        }
+        let Some(params) = self.params else {
+            return Err(PostError::NotConnected);
+        };
+        if self.sq.capacity() - self.sq.len() < requests.len() {
+            return Err(PostError::QueueFull);
+        }
+        for request in requests {
+            let sgl = request.op.sgl();
+            let access = match request.op {
+                SendOp::RdmaRead { .. } => {
+                    if params.max_rd_atomic == 0 {
+                        return Err(PostError::AccessDenied);
+                    }
+                    AccessFlags::LOCAL_WRITE
+                }
+                _ => AccessFlags::EMPTY,
+            };
+            let len = verbs::wr::total_len(sgl).ok_or(PostError::LengthOverflow)?;
+            if len > config::MAX_MESSAGE_LEN {
+                return Err(PostError::LengthOverflow);
+            }
+            arena.check_sgl(sgl, access)?;
+        }
+        for request in requests {
+            let (op, sgl) = match &request.op {
+                SendOp::Send { sgl, imm } => (
+                    WqeOp::Send {
+                        imm: *imm,
+                        invalidate: None,
+                    },
+                    sgl,
+                ),
+                SendOp::SendWithInv { sgl, invalidate } => (
+                    WqeOp::Send {
+                        imm: None,
+                        invalidate: Some(*invalidate),
+                    },
+                    sgl,
+                ),
+                SendOp::RdmaWrite {
+                    sgl,
+                    remote_addr,
+                    rkey,
+                    imm,
+                } => (
+                    WqeOp::Write {
+                        remote_addr: *remote_addr,
+                        rkey: *rkey,
+                        imm: *imm,
+                    },
+                    sgl,
+                ),
+                SendOp::RdmaRead {
+                    sgl,
+                    remote_addr,
+                    rkey,
+                } => (
+                    WqeOp::Read {
+                        remote_addr: *remote_addr,
+                        rkey: *rkey,
+                    },
+                    sgl,
+                ),
+                SendOp::LocalInv { rkey } => (WqeOp::LocalInv { rkey: *rkey }, &verbs::Sgl::new()),
+            };
+            // Checked above; the sum fits.
+            let len = sgl.total_len().unwrap_or(0);
+            let npkts = match op {
+                WqeOp::LocalInv { .. } => 0,
+                _ => len.div_ceil(self.mtu).max(1),
+            };
+            // Pins cannot fail: every lkey was checked above.
+            let _ = arena.pin_sgl(sgl.as_slice());
+            let wqe = SendWqe {
+                wr_id: request.wr_id,
+                signaled: request.signaled,
+                op,
+                sgl: sgl.clone(),
+                len,
+                first_psn: self.post_psn,
+                npkts,
+                executed: false,
+            };
+            self.post_psn = self.post_psn.wrapping_add(npkts);
+            // Room was checked above.
+            let _ = self.sq.push_back(wqe);
+        }
+        Ok(())
+    }
+
+    /// Index in `sq` of the WQE with sequence number `seq`, if queued.
+    fn sq_index(&self, seq: u64) -> Option<usize> {
+        let index = usize::try_from(seq.checked_sub(self.front_seq)?).ok()?;
+        (index < self.sq.len()).then_some(index)
+    }
+
+    fn wqe_at(&self, index: usize) -> Option<&SendWqe> {
+        let (front, back) = self.sq.as_slices();
+        front
+            .get(index)
+            .or_else(|| back.get(index.checked_sub(front.len())?))
+    }
+
+    fn wqe_at_mut(&mut self, index: usize) -> Option<&mut SendWqe> {
+        let (front, back) = self.sq.as_mut_slices();
+        let front_len = front.len();
+        if index < front_len {
+            front.get_mut(index)
+        } else {
+            back.get_mut(index - front_len)
+        }
+    }
+
+    /// Whether the cursor has a packet the window allows right now.
+    pub(super) fn can_send_now(&self) -> bool {
+        if self.rnr_until.is_some() {
+            return false;
+        }
+        let Some(index) = self.sq_index(self.tx_seq) else {
+            return false;
+        };
+        match self.wqe_at(index) {
+            Some(wqe) if matches!(wqe.op, WqeOp::LocalInv { .. }) => true,
+            Some(wqe) => self.window_allows(index, wqe),
+            None => false,
+        }
+    }
+
+    /// Window and READ-depth checks for sending `tx_psn` of WQE `index`.
+    fn window_allows(&self, index: usize, wqe: &SendWqe) -> bool {
+        // rxe: a packet may go while its PSN is at most 128 past the oldest
+        // unacknowledged one (`rnbd-linux-srv-linux-clt.pcap` frame 360).
+        if self.una.distance_to(self.tx_psn) > config::MAX_UNACKED_PSNS {
+            return false;
+        }
+        if wqe.is_read() {
+            let depth = self.params.map_or(1, |params| params.max_rd_atomic.max(1));
+            let outstanding = self.sq.iter().take(index).filter(|w| w.is_read()).count();
+            if outstanding >= usize::from(depth) {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Retransmit timer and RNR wait.
+    pub(super) fn run_timers<S, const N: usize, const C: usize>(
+        &mut self,
+        now: u64,
+        ctx: &mut Context<'_, S, N, C>,
+    ) where
+        S: AsRef<[u8]> + AsMut<[u8]>,
+    {
+        if self.rnr_until.is_some_and(|until| now >= until) {
+            self.rnr_until = None;
+        }
+        let Some(deadline) = self.retransmit_deadline else {
+            return;
+        };
+        if now < deadline {
+            return;
+        }
+        if self.una == self.sent_end {
+            self.retransmit_deadline = None;
+            return;
+        }
+        ctx.counters.timeouts += 1;
+        if self.retry_left == 0 {
+            self.fail_front(WcStatus::RetryExcErr, ctx);
+            return;
+        }
+        if self.params.is_some_and(|params| params.retry_count < 7) {
+            self.retry_left -= 1;
+        }
+        self.rewind(self.una);
+        self.arm_timer(now);
+    }
+
+    fn arm_timer(&mut self, now: u64) {
+        let timeout = self
+            .params
+            .map_or(1 << 31, |params| params.ack_timeout_ns());
+        self.retransmit_deadline = Some(now.saturating_add(timeout));
+    }
+
+    /// Moves the transmit cursor to `psn` (inside `una ..= sent_end`).
+    ///
+    /// PSNs are assigned at post time, so `psn` may be the first PSN of a WQE
+    /// the cursor never reached; a LOCAL_INV the cursor has not executed yet
+    /// stops the search there, so it is never skipped.
+    fn rewind(&mut self, psn: Psn) {
+        for (index, wqe) in self.sq.iter().enumerate() {
+            let pending_local = matches!(wqe.op, WqeOp::LocalInv { .. }) && !wqe.executed;
+            if wqe.contains(psn) || pending_local {
+                self.tx_seq = self.front_seq + index as u64;
+                self.tx_psn = psn;
+                return;
+            }
+        }
+    }
+
+    /// Sends requester packets from the cursor, at most `budget`.
+    pub(super) fn send_requests<S, K, const N: usize, const C: usize>(
+        &mut self,
+        now: u64,
+        ctx: &mut Context<'_, S, N, C>,
+        sink: &mut K,
+        budget: usize,
+    ) -> usize
+    where
+        S: AsRef<[u8]> + AsMut<[u8]>,
+        K: FrameSink + ?Sized,
+    {
+        let mut sent = 0;
+        while sent < budget && self.state == QpState::Rts && self.rnr_until.is_none() {
+            let Some(index) = self.sq_index(self.tx_seq) else {
+                break;
+            };
+            let Some(wqe) = self.wqe_at(index) else {
+                break;
+            };
+            if let WqeOp::LocalInv { rkey } = wqe.op {
+                if !wqe.executed {
+                    if ctx.arena.invalidate(rkey).is_err() {
+                        self.fail_at(index, WcStatus::LocProtErr, ctx);
+                        break;
+                    }
+                    if let Some(wqe) = self.wqe_at_mut(index) {
+                        wqe.executed = true;
+                    }
+                }
+                self.tx_seq += 1;
+                self.retire(ctx);
+                continue;
+            }
+            if !self.window_allows(index, wqe) {
+                break;
+            }
+            let wqe = wqe.clone();
+            let retransmission = self.tx_psn.is_before(self.sent_end);
+            let final_packet = wqe.is_read() || self.tx_psn == wqe.last_psn();
+            let ack_req = final_packet || self.since_ack_req + 1 >= config::ACK_REQ_INTERVAL;
+            self.since_ack_req = if ack_req { 0 } else { self.since_ack_req + 1 };
+            if !self.send_packet(&wqe, ack_req, ctx, sink) {
+                self.fail_at(index, WcStatus::LocProtErr, ctx);
+                break;
+            }
+            sent += 1;
+            if retransmission {
+                ctx.counters.retransmissions += 1;
+            }
+            let last = wqe.is_read() || self.tx_psn == wqe.last_psn();
+            let next = if wqe.is_read() {
+                wqe.last_psn().wrapping_add(1)
+            } else {
+                self.tx_psn.wrapping_add(1)
+            };
+            if next.is_after(self.sent_end) {
+                self.sent_end = next;
+            }
+            if last {
+                self.tx_seq += 1;
+            }
+            self.tx_psn = next;
+            if self.retransmit_deadline.is_none() {
+                self.arm_timer(now);
+            }
+        }
+        sent
+    }
+
+    /// Builds and emits the packet at `tx_psn` of `wqe` (AckReq as given;
+    /// READ requests always ask). False if its local
+    /// memory cannot be read (cannot happen while pinned).
+    fn send_packet<S, K, const N: usize, const C: usize>(
+        &self,
+        wqe: &SendWqe,
+        ack_req: bool,
+        ctx: &mut Context<'_, S, N, C>,
+        sink: &mut K,
+    ) -> bool
+    where
+        S: AsRef<[u8]> + AsMut<[u8]>,
+        K: FrameSink + ?Sized,
+    {
+        let index = wqe.first_psn.distance_to(self.tx_psn);
+        let offset = index.saturating_mul(self.mtu);
+        let first = index == 0;
+        let last = index + 1 >= wqe.npkts;
+        let mut ext = ExtHeaders::default();
+        let psn = self.tx_psn;
+        if let WqeOp::Read { remote_addr, rkey } = wqe.op {
+            ext.reth = Some(RethRepr {
+                virtual_address: remote_addr.wrapping_add(u64::from(offset)),
+                rkey,
+                dma_length: wqe.len.saturating_sub(offset),
+            });
+            return self.emit(sink, Opcode::RcRdmaReadRequest, psn, true, ext, &[]);
+        }
+        let len = wqe.len.saturating_sub(offset).min(self.mtu);
+        let opcode = match wqe.op {
+            WqeOp::Send { imm, invalidate } => {
+                if last {
+                    if let Some(imm) = imm {
+                        ext.immdt = Some(ImmDtRepr { immediate: imm });
+                    }
+                    if let Some(rkey) = invalidate {
+                        ext.ieth = Some(IethRepr { rkey });
+                    }
+                }
+                match (first, last, imm.is_some(), invalidate.is_some()) {
+                    (true, true, _, true) => Opcode::RcSendOnlyWithInvalidate,
+                    (true, true, true, _) => Opcode::RcSendOnlyWithImmediate,
+                    (true, true, false, false) => Opcode::RcSendOnly,
+                    (true, false, ..) => Opcode::RcSendFirst,
+                    (false, false, ..) => Opcode::RcSendMiddle,
+                    (false, true, _, true) => Opcode::RcSendLastWithInvalidate,
+                    (false, true, true, _) => Opcode::RcSendLastWithImmediate,
+                    (false, true, false, false) => Opcode::RcSendLast,
+                }
+            }
+            WqeOp::Write {
+                remote_addr,
+                rkey,
+                imm,
+            } => {
+                if first {
+                    ext.reth = Some(RethRepr {
+                        virtual_address: remote_addr,
+                        rkey,
+                        dma_length: wqe.len,
+                    });
+                }
+                if last {
+                    if let Some(imm) = imm {
+                        ext.immdt = Some(ImmDtRepr { immediate: imm });
+                    }
+                }
+                match (first, last, imm.is_some()) {
+                    (true, true, true) => Opcode::RcRdmaWriteOnlyWithImmediate,
+                    (true, true, false) => Opcode::RcRdmaWriteOnly,
+                    (true, false, _) => Opcode::RcRdmaWriteFirst,
+                    (false, false, _) => Opcode::RcRdmaWriteMiddle,
+                    (false, true, true) => Opcode::RcRdmaWriteLastWithImmediate,
+                    (false, true, false) => Opcode::RcRdmaWriteLast,
+                }
+            }
+            WqeOp::Read { .. } | WqeOp::LocalInv { .. } => return false,
+        };
+        let mut pieces: Vec<&[u8], MAX_SGE> = Vec::new();
+        match ctx.arena.sgl_slices(wqe.sgl.as_slice(), offset, len) {
+            Ok(slices) => {
+                for piece in slices {
+                    if pieces.push(piece).is_err() {
+                        return false;
+                    }
+                }
+            }
+            Err(_) => return false,
+        }
+        self.emit(sink, opcode, psn, ack_req, ext, &pieces)
+    }
+
+    /// Handles an ACKNOWLEDGE or READ response.
+    pub(super) fn handle_response<S, const N: usize, const C: usize>(
+        &mut self,
+        now: u64,
+        frame: &RoceFrame<'_>,
+        ctx: &mut Context<'_, S, N, C>,
+    ) where
+        S: AsRef<[u8]> + AsMut<[u8]>,
+    {
+        let psn = frame.bth.psn;
+        let Some(aeth) = frame.ext.aeth else {
+            if frame.bth.opcode == Opcode::RcRdmaReadResponseMiddle {
+                self.handle_read_response(now, frame, ctx);
+            } else {
+                ctx.counters.drop_bad_opcode += 1;
+            }
+            return;
+        };
+        if frame.bth.opcode != Opcode::RcAcknowledge {
+            if aeth.syndrome.is_ack() {
+                self.handle_read_response(now, frame, ctx);
+            } else {
+                ctx.counters.drop_bad_opcode += 1;
+            }
+            return;
+        }
+        // A response must name a PSN we sent: `psn < sent_end`.
+        if !psn.is_before(self.sent_end) {
+            ctx.counters.stale_acks += 1;
+            return;
+        }
+        let una_before = self.una;
+        match aeth.syndrome {
+            Syndrome::Ack { .. } => match self.apply_ack(psn, ctx) {
+                AckOutcome::Progress => self.on_progress(now),
+                AckOutcome::NoProgress => ctx.counters.stale_acks += 1,
+                AckOutcome::ReadLost => {
+                    // `apply_ack` may have moved `una` up to the READ.
+                    if una_before != self.una {
+                        self.on_progress(now);
+                    }
+                    self.go_back(self.una, false, ctx);
+                }
+            },
+            Syndrome::RnrNak { timer } => {
+                ctx.counters.rnr_naks_received += 1;
+                if psn.is_before(self.una) {
+                    ctx.counters.stale_acks += 1;
+                    return;
+                }
+                if self.apply_ack(psn.wrapping_sub(1), ctx) == AckOutcome::Progress {
+                    self.on_progress(now);
+                }
+                if self.rnr_left == 0 {
+                    self.fail_front(WcStatus::RnrRetryExcErr, ctx);
+                    return;
+                }
+                if self.params.is_some_and(|params| params.rnr_retry < 7) {
+                    self.rnr_left -= 1;
+                }
+                self.rewind(psn);
+                self.rnr_until = Some(now.saturating_add(super::rnr_delay_ns(timer)));
+                // The timer must not fire during the RNR wait.
+                self.retransmit_deadline = None;
+                self.arm_timer(self.rnr_until.unwrap_or(now));
+            }
+            Syndrome::Nak(NakCode::PsnSequenceError) => {
+                ctx.counters.naks_received += 1;
+                if psn.is_before(self.una) {
+                    ctx.counters.stale_acks += 1;
+                    return;
+                }
+                if self.apply_ack(psn.wrapping_sub(1), ctx) == AckOutcome::Progress {
+                    self.on_progress(now);
+                }
+                if self.state != QpState::Rts {
+                    return;
+                }
+                self.go_back(psn, true, ctx);
+                if self.retransmit_deadline.is_none() {
+                    self.arm_timer(now);
+                }
+            }
+            Syndrome::Nak(code) => {
+                ctx.counters.naks_received += 1;
+                if psn.is_before(self.una) {
+                    ctx.counters.stale_acks += 1;
+                    return;
+                }
+                let _ = self.apply_ack(psn.wrapping_sub(1), ctx);
+                let status = match code {
+                    NakCode::InvalidRequest => WcStatus::RemInvReqErr,
+                    NakCode::RemoteAccessError => WcStatus::RemAccessErr,
+                    _ => WcStatus::RemOpErr,
+                };
+                self.fail_front(status, ctx);
+            }
+            Syndrome::Reserved(_) => ctx.counters.drop_bad_opcode += 1,
+        }
+    }
+
+    /// Go-back-N to `psn` on a NAK (counting a retry) or a detected loss.
+    /// A NAK naming the PSN we already went back to, with no progress since,
+    /// is a duplicate and ignored.
+    fn go_back<S, const N: usize, const C: usize>(
+        &mut self,
+        psn: Psn,
+        counts_retry: bool,
+        ctx: &mut Context<'_, S, N, C>,
+    ) where
+        S: AsRef<[u8]> + AsMut<[u8]>,
+    {
+        if self.last_nak == Some(psn) {
+            return;
+        }
+        if counts_retry {
+            if self.retry_left == 0 {
+                self.fail_front(WcStatus::RetryExcErr, ctx);
+                return;
+            }
+            if self.params.is_some_and(|params| params.retry_count < 7) {
+                self.retry_left -= 1;
+            }
+        }
+        self.last_nak = Some(psn);
+        self.rewind(psn);
+    }
+
+    /// Progress seen: retry budgets refill, the timer restarts (or stops
+    /// when nothing is outstanding), the cursor never lags behind `una`.
+    fn on_progress(&mut self, now: u64) {
+        if let Some(params) = self.params {
+            self.retry_left = params.retry_count.min(7);
+            self.rnr_left = params.rnr_retry.min(7);
+        }
+        self.last_nak = None;
+        if self.una == self.sent_end {
+            self.retransmit_deadline = None;
+        } else {
+            self.arm_timer(now);
+        }
+        if self.tx_psn.is_before(self.una) {
+            self.rewind(self.una);
+            if !self.sq.iter().any(|wqe| wqe.contains(self.una)) {
+                self.tx_psn = self.una;
+            }
+        }
+    }
+
+    /// Cumulative ACK of every PSN up to and including `psn`.
+    fn apply_ack<S, const N: usize, const C: usize>(
+        &mut self,
+        psn: Psn,
+        ctx: &mut Context<'_, S, N, C>,
+    ) -> AckOutcome
+    where
+        S: AsRef<[u8]> + AsMut<[u8]>,
+    {
+        let target = psn.wrapping_add(1);
+        if !target.is_after(self.una) || target.is_after(self.sent_end) {
+            return AckOutcome::NoProgress;
+        }
+        let mut new_una = self.una;
+        let mut outcome = AckOutcome::Progress;
+        for wqe in self.sq.iter() {
+            if wqe.npkts == 0 || wqe.last_psn().is_before(new_una) {
+                continue;
+            }
+            if wqe.first_psn.is_after(psn) {
+                break;
+            }
+            if wqe.is_read() {
+                outcome = AckOutcome::ReadLost;
+                break;
+            }
+            if wqe.last_psn().is_before(target) {
+                new_una = wqe.last_psn().wrapping_add(1);
+            } else {
+                new_una = target;
+                break;
+            }
+        }
+        if new_una == self.una {
+            return if outcome == AckOutcome::ReadLost {
+                AckOutcome::ReadLost
+            } else {
+                AckOutcome::NoProgress
+            };
+        }
+        self.una = new_una;
+        self.retire(ctx);
+        outcome
+    }
+
+    /// A READ response packet: in order only; data goes straight into the
+    /// WQE's SGL.
+    fn handle_read_response<S, const N: usize, const C: usize>(
+        &mut self,
+        now: u64,
+        frame: &RoceFrame<'_>,
+        ctx: &mut Context<'_, S, N, C>,
+    ) where
+        S: AsRef<[u8]> + AsMut<[u8]>,
+    {
+        let psn = frame.bth.psn;
+        let Some(index) = self
+            .sq
+            .iter()
+            .position(|wqe| wqe.is_read() && wqe.contains(psn))
+        else {
+            ctx.counters.stale_acks += 1;
+            return;
+        };
+        if !psn.is_before(self.sent_end) || psn.is_before(self.una) {
+            ctx.counters.stale_acks += 1;
+            return;
+        }
+        let Some(wqe) = self.wqe_at(index) else {
+            return;
+        };
+        let first_psn = wqe.first_psn;
+        // Everything before the READ was executed by the responder.
+        if first_psn.is_after(self.una)
+            && self.apply_ack(first_psn.wrapping_sub(1), ctx) == AckOutcome::Progress
+        {
+            self.on_progress(now);
+        }
+        if psn != self.una {
+            // An earlier response was lost: ask again from the first missing.
+            ctx.counters.stale_acks += 1;
+            self.go_back(self.una, false, ctx);
+            return;
+        }
+        let Some(index) = self.sq.iter().position(|wqe| wqe.contains(psn)) else {
+            return;
+        };
+        let Some(wqe) = self.wqe_at(index) else {
+            return;
+        };
+        let packet = wqe.first_psn.distance_to(psn);
+        let offset = packet.saturating_mul(self.mtu);
+        let expected = wqe.len.saturating_sub(offset).min(self.mtu);
+        let last = psn == wqe.last_psn();
+        let opcode_last = matches!(
+            frame.bth.opcode,
+            Opcode::RcRdmaReadResponseLast | Opcode::RcRdmaReadResponseOnly
+        );
+        if last != opcode_last || frame.payload.len() != expected as usize {
+            ctx.counters.drop_bad_opcode += 1;
+            return;
+        }
+        let sgl = wqe.sgl.clone();
+        if ctx
+            .arena
+            .scatter_from(sgl.as_slice(), offset, frame.payload)
+            .is_err()
+        {
+            self.fail_at(index, WcStatus::LocProtErr, ctx);
+            return;
+        }
+        self.una = psn.wrapping_add(1);
+        // A cursor waiting to re-request this READ from an older PSN is
+        // moved up to `una` by `on_progress`.
+        self.retire(ctx);
+        self.on_progress(now);
+    }
+
+    /// Retires completed WQEs from the front, in order.
+    fn retire<S, const N: usize, const C: usize>(&mut self, ctx: &mut Context<'_, S, N, C>)
+    where
+        S: AsRef<[u8]> + AsMut<[u8]>,
+    {
+        while let Some(wqe) = self.sq.front() {
+            let done = match wqe.op {
+                // Executed when the cursor passes it; a cursor that jumped
+                // past it (go-back to a later PSN) executes it here.
+                WqeOp::LocalInv { rkey } if !wqe.executed && self.tx_seq > self.front_seq => {
+                    if ctx.arena.invalidate(rkey).is_err() {
+                        self.fail_at(0, WcStatus::LocProtErr, ctx);
+                        return;
+                    }
+                    true
+                }
+                WqeOp::LocalInv { .. } => wqe.executed,
+                _ => wqe.last_psn().is_before(self.una),
+            };
+            if !done {
+                break;
+            }
+            let Some(wqe) = self.sq.pop_front() else {
+                break;
+            };
+            self.front_seq += 1;
+            if self.tx_seq < self.front_seq {
+                self.tx_seq = self.front_seq;
+            }
+            let _ = ctx.arena.unpin_sgl(wqe.sgl.as_slice());
+            if wqe.signaled {
+                let mut wc = WorkCompletion::new(
+                    wqe.wr_id,
+                    self.conn,
+                    wqe.completion_opcode(),
+                    WcStatus::Success,
+                );
+                if wqe.is_read() {
+                    wc.byte_len = wqe.len;
+                }
+                ctx.cq.push(wc, ctx.counters);
+            }
+        }
+    }
+
+    /// Fails the oldest unfinished WQE with `status`, then errors the QP.
+    fn fail_front<S, const N: usize, const C: usize>(
+        &mut self,
+        status: WcStatus,
+        ctx: &mut Context<'_, S, N, C>,
+    ) where
+        S: AsRef<[u8]> + AsMut<[u8]>,
+    {
+        self.retire(ctx);
+        self.fail_at(0, status, ctx);
+    }
+
+    /// Completes WQE `index` with `status` (unfinished WQEs before it with
+    /// `WrFlushErr`, keeping completion order) and moves the QP to `Err`.
+    fn fail_at<S, const N: usize, const C: usize>(
+        &mut self,
+        index: usize,
+        status: WcStatus,
+        ctx: &mut Context<'_, S, N, C>,
+    ) where
+        S: AsRef<[u8]> + AsMut<[u8]>,
+    {
+        for position in 0..=index {
+            let Some(wqe) = self.sq.pop_front() else {
+                break;
+            };
+            self.front_seq += 1;
+            let _ = ctx.arena.unpin_sgl(wqe.sgl.as_slice());
+            let status = if position == index {
+                status
+            } else {
+                WcStatus::WrFlushErr
+            };
+            let wc = WorkCompletion::new(wqe.wr_id, self.conn, wqe.completion_opcode(), status);
+            ctx.cq.push(wc, ctx.counters);
+        }
+        self.enter_error(ctx, WcStatus::WrFlushErr);
+    }
+}
