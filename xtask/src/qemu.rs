@@ -160,16 +160,17 @@ impl Vm {
             .stdout(log.try_clone()?)
             .stderr(log)
             .process_group(0);
+        let die_with_harness = || {
+            // SAFETY: prctl(PR_SET_PDEATHSIG) only sets a flag of the calling
+            // (child) process and touches no memory of ours.
+            unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) };
+            Ok(())
+        };
         // SAFETY: the closure runs in the forked child before exec and only
         // calls prctl, which is async-signal-safe; it touches no Rust state.
-        unsafe {
-            command.pre_exec(|| {
-                // Die with the harness, so an interrupted test leaves no
-                // QEMU burning a core.
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                Ok(())
-            });
-        }
+        // It makes QEMU die with the harness, so an interrupted test leaves
+        // no QEMU burning a core.
+        unsafe { command.pre_exec(die_with_harness) };
         let child = command.spawn().context("start qemu-system-x86_64")?;
         Ok(Vm {
             config,
