@@ -1,17 +1,22 @@
-//! RTRS, the RDMA transport under RNBD: wire messages (Linux 6.1 compatible).
+//! RTRS, the RDMA transport under RNBD: wire messages and server (Linux 6.1).
 //!
 //! RTRS (formerly IBTRS) is the transport Linux's `rtrs-server`/`rtrs-client`
 //! speak: a session of paths, each path a set of RC connections, requests
 //! written with RDMA WRITE WITH IMM into server chunks, answers carried in the
-//! 32-bit immediate. The full behaviour is in `docs/protocol/rtrs.md`; this
-//! crate so far holds the wire layer, [`wire`], shared by Brick's server and
-//! its userspace client. The session and path state machines come next.
+//! 32-bit immediate. The full behaviour is in `docs/protocol/rtrs.md`. The
+//! crate holds the wire layer, [`wire`], shared by Brick's server and its
+//! userspace client, and the server state machine, [`server`] (sessions,
+//! paths, chunk pools, IO dispatch, responses, heartbeats), sans-IO over the
+//! `verbs` fabric seam. The client state machine comes next.
 //!
-//! The crate is `no_std` (`std` only for host tests), allocation-free and
-//! `#![forbid(unsafe_code)]`.
+//! The crate is `no_std` (`std` only for host tests) and
+//! `#![forbid(unsafe_code)]`. The wire layer never allocates; the server
+//! allocates its fixed tables once, in `Server::new` (it uses `alloc`), and
+//! never afterwards.
 
 #![cfg_attr(not(any(test, feature = "std")), no_std)]
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod server;
 pub mod wire;

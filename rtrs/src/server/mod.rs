@@ -1,0 +1,1986 @@
+//! The RTRS server: sessions of paths of connections, chunks, IO dispatch.
+//!
+//! Sans-IO over the fabric seam ([`verbs::Verbs`], DESIGN.md §4): the owner
+//! of the run loop calls [`Server::poll`] with the time, reads
+//! [`Server::next_event`] and answers every [`Event::Io`] with
+//! [`Server::complete_io`]. Behaviour follows `docs/protocol/rtrs.md`: §2
+//! connection establishment, §3 INFO_REQ/INFO_RSP, §4 the IO path (§4.6
+//! response pairing, §4.9 NEW_RKEY/always_invalidate), §5 heartbeats, §6
+//! failure and reconnect, §7 multipath, with the extra checks of `rnbd.md`
+//! §8.2.
+//!
+//! # Memory
+//!
+//! All tables (sessions, paths, connections, the per-chunk IO table, the
+//! event queue) are allocated once in [`Server::new`] from the
+//! [`ServerConfig`] capacities; nothing allocates afterwards. Registered
+//! memory comes from the provider's pool ([`Verbs::alloc`]) when a path is
+//! created (its chunk pool, `queue_depth` buffers of `chunk_size` bytes, each
+//! registered on its own so it can be re-keyed, plus three small control
+//! buffers) and goes back when the path is freed. Each path has its own chunk
+//! memory, which removes the multipath failover hazard of rtrs.md §7.
+//!
+//! # State diagram
+//!
+//! Server: `Idle --start()--> Listening`.
+//!
+//! Path (one per path uuid, rtrs.md §2.4, §3.2, §6.1):
+//!
+//! ```text
+//!            CON_REQ (new path uuid, or newer recon_cnt: the stale path is closed)
+//!   Free ───────────────────────────────────────────► Connecting
+//!                                                     │  CON_REQ cid k: accept, con[k] = conn
+//!                                                     │  INFO_REQ on cid 0 (all cid_num up):
+//!                                                     ▼  post IO receives, INFO_RSP, heartbeats
+//!                                                  Connected ──► PathUp (+ SessionOpened if first)
+//!                                                     │  CM error/disconnect, WC error, heartbeat
+//!                                                     │  timeout, protocol violation, replaced
+//!                                                     ▼
+//!                                                   Closing ──► PathDown (+ SessionClosed if last up)
+//!                                                     │  every connection disconnected + destroyed,
+//!                                                     │  every IO the consumer holds answered
+//!                                                     ▼
+//!                                                   Free (memory back to the pool; the session
+//!                                                         slot is freed with its last path)
+//! ```
+//!
+//! In-flight IO, one per chunk of a path (a fixed table indexed by chunk id;
+//! every wait is a named [`IoState`] variant):
+//!
+//! ```text
+//!  Idle ──IO_REQ imm──► [always_invalidate] WaitingForInvalidate ──LOCAL_INV done──┐
+//!    ▲          │        (or WaitingForSendQueueToInvalidate while the SQ is full) │
+//!    │          └──────────────── (no invalidate) ─────────────────────────────────┤
+//!    │                                          parse the request in the chunk     ▼
+//!    │        malformed (usr_len, sg_cnt, desc.len) ───────────────┐    WaitingForConsumer
+//!    │                                                             │      │ complete_io()
+//!    │                                                             ▼      ▼
+//!    │                      WaitingForPreviousCompletion ◄──── (previous response of
+//!    │                      WaitingForSendQueue          ◄──── this chunk unacked / SQ full)
+//!    │                                                             │
+//!    └──────── response chain posted (RDMA WRITE, SEND_WITH_INV, completion) ┘
+//! ```
+//!
+//! # Where Brick differs from the Linux 6.1 server
+//!
+//! On the wire Brick matches Linux (the CONN_RSP of the captured session is
+//! reproduced byte for byte). Behaviour differs where rnbd.md §8.2 says
+//! Linux is weak:
+//!
+//! * `usr_len > offset` (#17), read `sg_cnt > 1` (#18) and a read
+//!   `desc.len` outside `1..=chunk_size` or different from the room the
+//!   client left (#19) are answered with EINVAL instead of a silent drop; an
+//!   error answer to a NEED_INVAL read still carries the SEND_WITH_INV.
+//! * A second request on a chunk that has one outstanding (#20), a chunk id
+//!   `>= qd` or offset beyond the chunk (#14), a message that does not fit
+//!   the chunk (#15) and an unknown message type (#16) close the path.
+//! * A CON_REQ for a path uuid that is still up (or half-open) with a
+//!   *newer* `recon_cnt` replaces the stale path at once (rtrs.md §6.2
+//!   suggests it); an equal or older one is refused with ECONNRESET as
+//!   Linux does. The stale path drains while the new one runs, so the
+//!   provider's memory pool needs room for one extra path pool per
+//!   reconnecting session, or the reconnect is refused (ENOMEM) until the
+//!   old path's connections are gone.
+//! * Limits from [`ServerConfig`] (sessions, paths per session, connections
+//!   per path) and pool exhaustion reject with ENOMEM (connections:
+//!   ECONNRESET, as Linux's `cid_num > 4096`).
+//! * Every path registers chunk memory of its own (rtrs.md §7).
+//!
+//! A second path with the same (local, remote) IP address pair is refused
+//! with EEXIST (rtrs.md §2.4 step 5); ports are ignored, since every
+//! connection has its own RDMA CM port.
+//!
+//! # Bounded work
+//!
+//! [`Server::poll`] handles at most [`ServerConfig::cm_budget`] connection
+//! events and [`ServerConfig::completion_budget`] completions per call, and
+//! stops early while the event queue lacks room (the consumer must drain it
+//! first; that back-pressure is the named wait of the event queue). It then
+//! walks the path table once for heartbeat and close deadlines, and the
+//! chunk table of a path only while that path has parked work (send-queue
+//! room, a previous completion). [`Server::poll_at`] gives the next deadline,
+//! so an idle server sleeps instead of spinning.
+
+mod table;
+
+extern crate alloc;
+
+use alloc::collections::VecDeque;
+use alloc::vec::Vec;
+use core::fmt;
+use core::net::SocketAddr;
+
+use verbs::{
+    AccessFlags, CmEvent, ConnId, ConnParams, ConnectError, MemoryHandle, PostError, RecvWr, Rkey,
+    SendOp, SendWr, Sgl, Verbs, WcOpcode, WcStatus, WorkCompletion, WrId,
+};
+
+use zerocopy::little_endian::U16;
+use zerocopy::IntoBytes;
+
+use crate::wire::{
+    self, BufferDesc, ConnReq, ConnRsp, ConnRspFlags, Imm, ImmLayout, InfoReq, InfoRsp, IoMsg,
+    IoRequest, ParseError, RawInfoRspHeader, ReadMsg, RkeyRsp, SgDesc, Uuid, PATHNAME_LEN,
+};
+
+use self::table::{ChunkSlot, PathSlot, PathState, ReadInfo, Response, SessionSlot};
+pub use self::table::{IoState, ReadData};
+
+/// Linux errno values the server sends (positive; negated on the wire).
+pub mod errno {
+    /// Operation not permitted (session name used by another session).
+    pub const EPERM: u16 = 1;
+    /// I/O error (missing connection at INFO_REQ; an oversized consumer errno).
+    pub const EIO: u16 = 5;
+    /// No such session and `first_conn` clear.
+    pub const ENXIO: u16 = 6;
+    /// Out of resources: a configured limit or the memory pool.
+    pub const ENOMEM: u16 = 12;
+    /// Path with the same addresses exists / connection already exists.
+    pub const EEXIST: u16 = 17;
+    /// Malformed request.
+    pub const EINVAL: u16 = 22;
+    /// Connection reset: malformed CON_REQ, stale path still up.
+    pub const ECONNRESET: u16 = 104;
+}
+
+/// Largest errno an IO response immediate carries (9 bits, rtrs.md §4.2).
+pub const MAX_RESPONSE_ERRNO: u16 = 511;
+
+/// Configuration: protocol parameters and the table capacities.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ServerConfig {
+    /// RDMA CM port to listen on (rtrs.md §2.1).
+    pub port: u16,
+    /// Session queue depth: chunks per path (1 < qd; constant per client
+    /// session, rtrs.md §2.5).
+    pub queue_depth: u16,
+    /// Chunk stride = `max_io_size + max_hdr_size`.
+    pub chunk_size: u32,
+    /// Header reserve advertised as `max_hdr_size`.
+    pub max_hdr_size: u32,
+    /// NEW_RKEY_F mode: revoke each chunk on a request, fresh rkey in the
+    /// response (rtrs.md §4.9).
+    pub always_invalidate: bool,
+    /// Most sessions at once.
+    pub max_sessions: u16,
+    /// Most live paths per session (at most 128).
+    pub max_paths_per_session: u16,
+    /// Most connections (`cid_num`) per path.
+    pub max_connections_per_path: u16,
+    /// Heartbeat interval in nanoseconds (rtrs.md §5: 5 s).
+    pub heartbeat_interval_ns: u64,
+    /// Missed heartbeats tolerated (rtrs.md §5: 5).
+    pub heartbeat_missed_max: u32,
+    /// How long a closing path waits for its disconnects before destroying
+    /// its connections anyway.
+    pub close_timeout_ns: u64,
+    /// Connection events handled per `poll`.
+    pub cm_budget: usize,
+    /// Work completions handled per `poll`.
+    pub completion_budget: usize,
+    /// Capacity of the event queue.
+    pub event_capacity: usize,
+}
+
+impl ServerConfig {
+    /// Linux's defaults (rtrs.md §0): qd 512, 128 KiB chunks, 4 KiB header
+    /// reserve, always_invalidate on. 128 KiB IOs are split by the client
+    /// with these (rtrs.md §10); use [`ServerConfig::brick_default`].
+    pub const fn linux_default() -> Self {
+        Self {
+            port: wire::DEFAULT_PORT,
+            queue_depth: 512,
+            chunk_size: 128 * 1024,
+            max_hdr_size: 4096,
+            always_invalidate: true,
+            max_sessions: 16,
+            max_paths_per_session: 4,
+            max_connections_per_path: 64,
+            heartbeat_interval_ns: wire::HEARTBEAT_INTERVAL_MS as u64 * 1_000_000,
+            heartbeat_missed_max: wire::HEARTBEAT_MISSED_MAX,
+            close_timeout_ns: wire::CONNECT_TIMEOUT_MS as u64 * 1_000_000,
+            cm_budget: 16,
+            completion_budget: 64,
+            event_capacity: 1024,
+        }
+    }
+
+    /// Brick's default: as Linux, but 132 KiB chunks so a 128 KiB IO plus
+    /// its header fits one chunk (`max_io_size` = 128 KiB).
+    pub const fn brick_default() -> Self {
+        let mut config = Self::linux_default();
+        config.chunk_size = 128 * 1024 + 4096;
+        config
+    }
+
+    /// `max_io_size` as advertised: `chunk_size - max_hdr_size`.
+    pub const fn max_io_size(&self) -> u32 {
+        self.chunk_size.saturating_sub(self.max_hdr_size)
+    }
+
+    /// Checks the parameters (rtrs.md §10).
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError`] naming the broken rule.
+    pub fn check(&self) -> Result<ImmLayout, ConfigError> {
+        if self.queue_depth < 2 {
+            return Err(ConfigError::QueueDepth);
+        }
+        if self.max_hdr_size == 0 || self.max_io_size() == 0 {
+            return Err(ConfigError::ChunkSize);
+        }
+        let layout =
+            ImmLayout::for_queue_depth(self.queue_depth).map_err(|_| ConfigError::QueueDepth)?;
+        layout
+            .check_chunk_size(self.chunk_size)
+            .map_err(|_| ConfigError::ChunkSize)?;
+        if self.max_sessions == 0
+            || self.max_paths_per_session == 0
+            || usize::from(self.max_paths_per_session) > wire::MAX_PATHS_NUM
+            || self.max_connections_per_path == 0
+            || self.max_connections_per_path > wire::MAX_CID_NUM
+        {
+            return Err(ConfigError::Limits);
+        }
+        if self.cm_budget == 0 || self.completion_budget == 0 || self.event_capacity < 8 {
+            return Err(ConfigError::Limits);
+        }
+        Ok(layout)
+    }
+}
+
+/// Why a [`ServerConfig`] was refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// `queue_depth` below 2.
+    QueueDepth,
+    /// `max_io_size` is zero, or chunk id + offset exceed 28 immediate bits.
+    ChunkSize,
+    /// A table capacity or budget is zero or beyond the protocol's limits.
+    Limits,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::QueueDepth => "queue depth below 2",
+            Self::ChunkSize => "chunk size does not fit the immediate or leaves no IO room",
+            Self::Limits => "table capacity or budget out of range",
+        })
+    }
+}
+
+impl core::error::Error for ConfigError {}
+
+/// A session (all paths with one session uuid), by slot and generation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct SessionId {
+    /// Slot in the session table.
+    pub index: u16,
+    /// Generation of the slot, so a reused slot is a different id.
+    pub generation: u16,
+}
+
+/// A path, by slot and generation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct PathId {
+    /// Slot in the path table.
+    pub index: u16,
+    /// Generation of the slot.
+    pub generation: u16,
+}
+
+/// Names one request handed to the consumer; answer it with
+/// [`Server::complete_io`] exactly once.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct IoToken {
+    /// The path the request arrived on.
+    pub path: PathId,
+    /// The chunk id (`buf_id`, also the response's `msg_id`).
+    pub chunk: u16,
+    /// Request generation of that chunk.
+    pub generation: u32,
+}
+
+/// Direction of an IO request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum IoDirection {
+    /// RTRS WRITE: the data is in the chunk (`data`).
+    Write,
+    /// RTRS READ: fill `data` (or give an SGL) with `read_len` bytes.
+    Read {
+        /// Bytes the client asked for (`desc[0].len`), 0 for a data-less
+        /// read (RNBD FLUSH).
+        read_len: u32,
+    },
+}
+
+/// Why a path went down.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum CloseReason {
+    /// A connection was disconnected (DREQ, or a provider error).
+    Disconnected,
+    /// A work completion failed (other than a flush).
+    CompletionError,
+    /// No sign of life for `heartbeat_missed_max` intervals.
+    HeartbeatTimeout,
+    /// The peer broke the protocol (bad immediate, chunk reuse, INFO_REQ).
+    ProtocolViolation,
+    /// A reconnect of the same path uuid (newer `recon_cnt`) replaced it.
+    Replaced,
+    /// Posting a work request failed other than for queue room.
+    PostFailed,
+    /// The server was asked to close it ([`Server::close_path`]).
+    Local,
+}
+
+/// What the server tells its consumer (RNBD).
+// The session name makes `SessionOpened` large; events live in a queue
+// allocated once, so the size costs memory, not allocation.
+#[allow(clippy::large_enum_variant)]
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Event {
+    /// The first path of a session came up (Linux LINK_EV_CONNECTED).
+    SessionOpened {
+        /// The session.
+        session: SessionId,
+        /// Its name from INFO_REQ.
+        name: heapless::String<PATHNAME_LEN>,
+    },
+    /// The last up path of a session went down (LINK_EV_DISCONNECTED).
+    SessionClosed {
+        /// The session.
+        session: SessionId,
+    },
+    /// A path finished INFO_REQ/INFO_RSP and carries IO.
+    PathUp {
+        /// The session.
+        session: SessionId,
+        /// The path.
+        path: PathId,
+        /// The client's address of the path's cid 0.
+        remote: Option<SocketAddr>,
+    },
+    /// A path is closing; requests the consumer holds are still to be
+    /// answered (the answers are dropped).
+    PathDown {
+        /// The session.
+        session: SessionId,
+        /// The path.
+        path: PathId,
+        /// Why.
+        reason: CloseReason,
+    },
+    /// A request to serve.
+    Io {
+        /// The session.
+        session: SessionId,
+        /// Pass to [`Server::complete_io`].
+        token: IoToken,
+        /// Read or write.
+        direction: IoDirection,
+        /// The user (RNBD) header in the chunk: read it through
+        /// [`Server::verbs`] (`Memory::read`).
+        header: MemoryHandle,
+        /// The data area at the chunk start (`offset - usr_len` bytes): the
+        /// write data, or the room for read data.
+        data: MemoryHandle,
+        /// Whether it came on cid 0 (RNBD control messages do).
+        admin: bool,
+    },
+}
+
+/// Counters of a session or a path.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Read requests answered.
+    pub reads: u64,
+    /// Bytes RDMA-written back to clients.
+    pub read_bytes: u64,
+    /// Write requests answered.
+    pub writes: u64,
+    /// Bytes received in write requests.
+    pub write_bytes: u64,
+    /// Requests answered with a non-zero errno.
+    pub errors: u64,
+    /// Paths replaced by a reconnect.
+    pub reconnects: u64,
+    /// Protocol violations seen.
+    pub protocol_errors: u64,
+    /// Heartbeats sent.
+    pub heartbeats_sent: u64,
+    /// Heartbeats answered (HB_ACK sent).
+    pub heartbeats_acked: u64,
+}
+
+/// Server-wide counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ServerStats {
+    /// Connect requests accepted.
+    pub accepted: u64,
+    /// Connect requests rejected.
+    pub rejected: u64,
+    /// Paths closed.
+    pub paths_closed: u64,
+    /// Unknown or unexpected immediates ignored.
+    pub ignored_immediates: u64,
+    /// Events lost to a full queue (the consumer answered requests without
+    /// draining events; should stay 0).
+    pub events_dropped: u64,
+}
+
+/// How many table entries are in use: all zero when idle (leak checks).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Usage {
+    /// Sessions allocated.
+    pub sessions: usize,
+    /// Paths allocated (any state but free).
+    pub paths: usize,
+    /// Connections known.
+    pub connections: usize,
+    /// Requests not idle.
+    pub ios: usize,
+    /// Registered buffers the server holds.
+    pub buffers: usize,
+}
+
+/// Why [`Server::complete_io`] refused an answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum CompleteError {
+    /// The token names no request the consumer holds (answered twice, or
+    /// the path is gone).
+    UnknownRequest,
+    /// A read SGL whose length is not the requested length.
+    ReadLengthMismatch,
+}
+
+impl fmt::Display for CompleteError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::UnknownRequest => "no such outstanding request",
+            Self::ReadLengthMismatch => "read data length differs from the request",
+        })
+    }
+}
+
+impl core::error::Error for CompleteError {}
+
+/// Why a connect request was refused (the CONN_RSP errno follows from it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ConnectRefusal {
+    /// The CON_REQ did not parse (short, magic, version, cid/cid_num).
+    Malformed(ParseError),
+    /// No session with that uuid and `first_conn` clear.
+    NoSession,
+    /// `max_sessions` reached.
+    TooManySessions,
+    /// `max_paths_per_session` reached.
+    TooManyPaths,
+    /// `cid_num` above `max_connections_per_path`.
+    TooManyConnections,
+    /// The path exists, is up, and the request is no newer reconnect.
+    PathStillUp,
+    /// `cid_num` differs from the path's, or the cid is already connected.
+    ConnectionMismatch,
+    /// The registered-memory pool could not hold the path's chunks.
+    OutOfMemory,
+    /// Another path of the session uses the same address pair.
+    PathExists,
+}
+
+impl ConnectRefusal {
+    /// The errno the CONN_RSP carries (one mapping, rtrs.md §2.4).
+    pub const fn errno(self) -> u16 {
+        match self {
+            Self::Malformed(_) | Self::PathStillUp | Self::ConnectionMismatch => errno::ECONNRESET,
+            Self::TooManyConnections => errno::ECONNRESET,
+            Self::NoSession => errno::ENXIO,
+            Self::PathExists => errno::EEXIST,
+            Self::TooManySessions | Self::TooManyPaths | Self::OutOfMemory => errno::ENOMEM,
+        }
+    }
+}
+
+/// Kinds of work request, in the top byte of [`WrId`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+enum WrKind {
+    RecvInfo = 1,
+    RecvIo = 2,
+    SendInfoRsp = 3,
+    SendHeartbeat = 4,
+    LocalInv = 5,
+    IoResponse = 6,
+    IoUnsignaled = 7,
+}
+
+impl WrKind {
+    fn from_u8(value: u8) -> Option<Self> {
+        Some(match value {
+            1 => Self::RecvInfo,
+            2 => Self::RecvIo,
+            3 => Self::SendInfoRsp,
+            4 => Self::SendHeartbeat,
+            5 => Self::LocalInv,
+            6 => Self::IoResponse,
+            7 => Self::IoUnsignaled,
+            _ => return None,
+        })
+    }
+}
+
+/// `kind:8 | path generation:16 | path index:16 | chunk:16`.
+fn wr_id(kind: WrKind, path: PathId, chunk: u16) -> WrId {
+    WrId(
+        (u64::from(kind as u8) << 56)
+            | (u64::from(path.generation) << 32)
+            | (u64::from(path.index) << 16)
+            | u64::from(chunk),
+    )
+}
+
+fn split_wr_id(id: WrId) -> Option<(WrKind, PathId, u16)> {
+    let kind = WrKind::from_u8((id.0 >> 56) as u8)?;
+    let path = PathId {
+        index: (id.0 >> 16) as u16,
+        generation: (id.0 >> 32) as u16,
+    };
+    Some((kind, path, id.0 as u16))
+}
+
+/// Receives posted per `post_recv` call while filling a queue.
+const RECV_BATCH: usize = 32;
+
+/// The RTRS server over a verbs provider `V`.
+pub struct Server<V: Verbs> {
+    verbs: V,
+    config: ServerConfig,
+    layout: ImmLayout,
+    listening: bool,
+    sessions: Vec<SessionSlot>,
+    paths: Vec<PathSlot>,
+    /// ConnId -> (path index, cid); linear lookup.
+    // TODO(perf): a hash or a provider-assigned dense id once paths grow large.
+    connections: Vec<(ConnId, u16, u16)>,
+    events: VecDeque<Event>,
+    stats: ServerStats,
+    /// Any path with parked work (send-queue room, acks, closing).
+    pending: bool,
+}
+
+impl<V: Verbs> Server<V> {
+    /// Builds the server and allocates every table once. Registered memory
+    /// is taken from `verbs` per path, later.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError`] for parameters the protocol cannot carry.
+    pub fn new(verbs: V, config: ServerConfig) -> Result<Self, ConfigError> {
+        let layout = config.check()?;
+        let sessions = (0..config.max_sessions)
+            .map(|_| SessionSlot::new())
+            .collect();
+        // Twice the live paths: a replaced path drains while its successor runs.
+        let path_count =
+            usize::from(config.max_sessions) * usize::from(config.max_paths_per_session) * 2;
+        let paths = (0..path_count).map(|_| PathSlot::new(&config)).collect();
+        let connections =
+            Vec::with_capacity(path_count * usize::from(config.max_connections_per_path));
+        Ok(Self {
+            verbs,
+            config,
+            layout,
+            listening: false,
+            sessions,
+            paths,
+            connections,
+            events: VecDeque::with_capacity(config.event_capacity),
+            stats: ServerStats::default(),
+            pending: false,
+        })
+    }
+
+    /// Starts listening on the configured port (`Idle -> Listening`).
+    ///
+    /// # Errors
+    ///
+    /// The provider's [`ConnectError`].
+    pub fn start(&mut self) -> Result<(), ConnectError> {
+        if !self.listening {
+            self.verbs.listen(self.config.port)?;
+            self.listening = true;
+        }
+        Ok(())
+    }
+
+    /// Whether [`start`](Self::start) succeeded.
+    pub fn is_listening(&self) -> bool {
+        self.listening
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &ServerConfig {
+        &self.config
+    }
+
+    /// The provider (read headers and data through its `Memory`).
+    pub fn verbs(&self) -> &V {
+        &self.verbs
+    }
+
+    /// The provider, mutable (fill read data into a chunk).
+    pub fn verbs_mut(&mut self) -> &mut V {
+        &mut self.verbs
+    }
+
+    /// Server-wide counters.
+    pub fn stats(&self) -> ServerStats {
+        self.stats
+    }
+
+    /// Counters of a live session.
+    pub fn session_stats(&self, session: SessionId) -> Option<Stats> {
+        let slot = self.sessions.get(usize::from(session.index))?;
+        (slot.live && slot.generation == session.generation).then_some(slot.stats)
+    }
+
+    /// Counters of a live path.
+    pub fn path_stats(&self, path: PathId) -> Option<Stats> {
+        let slot = self.path(path)?;
+        Some(slot.stats)
+    }
+
+    /// The session name, once INFO_REQ named it.
+    pub fn session_name(&self, session: SessionId) -> Option<&str> {
+        let slot = self.sessions.get(usize::from(session.index))?;
+        (slot.live && slot.generation == session.generation && !slot.name.is_empty())
+            .then_some(slot.name.as_str())
+    }
+
+    /// The state of the request `token` names, while it is not idle.
+    pub fn io_state(&self, token: IoToken) -> Option<&IoState> {
+        let chunk = self
+            .path(token.path)?
+            .chunks
+            .get(usize::from(token.chunk))?;
+        (chunk.generation == token.generation && chunk.state != IoState::Idle)
+            .then_some(&chunk.state)
+    }
+
+    /// Table usage; all zero when nothing is connected.
+    pub fn usage(&self) -> Usage {
+        let mut usage = Usage {
+            sessions: self.sessions.iter().filter(|s| s.live).count(),
+            connections: self.connections.len(),
+            ..Usage::default()
+        };
+        for path in &self.paths {
+            if path.state != PathState::Free {
+                usage.paths += 1;
+            }
+            usage.ios += path
+                .chunks
+                .iter()
+                .filter(|c| !matches!(c.state, IoState::Idle))
+                .count();
+            usage.buffers += path.chunks.len()
+                + usize::from(path.info_req.is_some())
+                + usize::from(path.info_rsp.is_some())
+                + usize::from(path.rkey_rsp.is_some());
+        }
+        usage
+    }
+
+    /// The next event for the consumer.
+    pub fn next_event(&mut self) -> Option<Event> {
+        self.events.pop_front()
+    }
+
+    /// Events waiting, oldest first.
+    pub fn events(&self) -> impl Iterator<Item = &Event> {
+        self.events.iter()
+    }
+
+    /// When `poll` next has timed work (a heartbeat or close deadline), or
+    /// `Some(0)` if work is parked and `poll` should run again at once.
+    pub fn poll_at(&self) -> Option<u64> {
+        if self.pending {
+            return Some(0);
+        }
+        self.paths
+            .iter()
+            .filter_map(|path| match path.state {
+                PathState::Connected => Some(path.heartbeat_next),
+                PathState::Closing { deadline } => Some(deadline),
+                _ => None,
+            })
+            .min()
+    }
+
+    /// Advances: drains up to `cm_budget` connection events and
+    /// `completion_budget` completions, retries parked responses, runs
+    /// heartbeats and close deadlines. Returns whether anything happened.
+    pub fn poll(&mut self, now: u64) -> bool {
+        let mut busy = false;
+        for _ in 0..self.config.cm_budget {
+            if !self.event_room() {
+                break;
+            }
+            let Some(event) = self.verbs.poll_cm_event() else {
+                break;
+            };
+            busy = true;
+            self.handle_cm_event(event, now);
+        }
+        let mut done = 0;
+        let mut batch = [WorkCompletion::default(); 16];
+        while done < self.config.completion_budget && self.event_room() {
+            let want = batch.len().min(self.config.completion_budget - done);
+            // Keep room for two events per completion.
+            let room = (self.config.event_capacity - self.events.len()) / 2;
+            let want = want.min(room.max(1));
+            let count = self.verbs.poll_cq(&mut batch[..want]);
+            if count == 0 {
+                break;
+            }
+            busy = true;
+            done += count;
+            for wc in &batch[..count] {
+                self.handle_completion(*wc, now);
+            }
+        }
+        busy |= self.run_timers_and_parked(now);
+        busy
+    }
+
+    /// Closes a path on request (admin action).
+    pub fn close_path(&mut self, path: PathId, now: u64) {
+        if self.path(path).is_some() {
+            self.begin_close(path.index, CloseReason::Local, now);
+        }
+    }
+
+    /// Closes every path (shutdown). Paths free themselves as their
+    /// connections go and the consumer answers what it holds; poll until
+    /// [`usage`](Self::usage) is all zero.
+    pub fn close_all(&mut self, now: u64) {
+        for index in 0..self.paths.len() {
+            self.begin_close(index as u16, CloseReason::Local, now);
+            self.maybe_free_path(index as u16);
+        }
+    }
+
+    /// Answers request `token` with `errno` (0 = success, otherwise the
+    /// positive errno; above [`MAX_RESPONSE_ERRNO`] is sent as EIO). For a
+    /// successful read, `read_data` says where the bytes are. The response
+    /// goes out at once, or as soon as send-queue room / the chunk's
+    /// previous response allow (see [`IoState`]). If the path is closing
+    /// the answer is accepted and dropped. A read SGL the provider refuses
+    /// when the response is posted closes the path (`PostFailed`).
+    ///
+    /// # Errors
+    ///
+    /// [`CompleteError`]; the request stays outstanding on
+    /// `ReadLengthMismatch`.
+    pub fn complete_io(
+        &mut self,
+        token: IoToken,
+        errno: u16,
+        read_data: ReadData,
+        now: u64,
+    ) -> Result<(), CompleteError> {
+        let index = usize::from(token.path.index);
+        let path = self
+            .path_mut(token.path)
+            .ok_or(CompleteError::UnknownRequest)?;
+        let closing = matches!(path.state, PathState::Closing { .. });
+        let chunk = path
+            .chunks
+            .get_mut(usize::from(token.chunk))
+            .ok_or(CompleteError::UnknownRequest)?;
+        if chunk.generation != token.generation {
+            return Err(CompleteError::UnknownRequest);
+        }
+        let IoState::WaitingForConsumer { cid, read } = chunk.state else {
+            return Err(CompleteError::UnknownRequest);
+        };
+        let errno = if errno > MAX_RESPONSE_ERRNO {
+            errno::EIO
+        } else {
+            errno
+        };
+        if let (ReadData::Sgl(sgl), Some(read)) = (&read_data, read) {
+            if errno == 0 && sgl.total_len() != Some(read.len) {
+                return Err(CompleteError::ReadLengthMismatch);
+            }
+        }
+        if closing {
+            chunk.state = IoState::Idle;
+            self.maybe_free_path(token.path.index);
+            return Ok(());
+        }
+        chunk.state = IoState::WaitingForSendQueue(Response {
+            cid,
+            errno,
+            read,
+            data: read_data,
+            rekeyed: false,
+        });
+        self.try_respond(index as u16, token.chunk, now);
+        Ok(())
+    }
+
+    // ----- internals: lookup -------------------------------------------------
+
+    fn path(&self, id: PathId) -> Option<&PathSlot> {
+        self.paths
+            .get(usize::from(id.index))
+            .filter(|p| p.state != PathState::Free && p.generation == id.generation)
+    }
+
+    fn path_mut(&mut self, id: PathId) -> Option<&mut PathSlot> {
+        self.paths
+            .get_mut(usize::from(id.index))
+            .filter(|p| p.state != PathState::Free && p.generation == id.generation)
+    }
+
+    fn path_id(&self, index: u16) -> PathId {
+        PathId {
+            index,
+            generation: self.paths[usize::from(index)].generation,
+        }
+    }
+
+    fn session_id(&self, index: u16) -> SessionId {
+        SessionId {
+            index,
+            generation: self.sessions[usize::from(index)].generation,
+        }
+    }
+
+    fn lookup_conn(&self, conn: ConnId) -> Option<(u16, u16)> {
+        self.connections
+            .iter()
+            .find(|(id, _, _)| *id == conn)
+            .map(|&(_, path, cid)| (path, cid))
+    }
+
+    fn forget_conn(&mut self, conn: ConnId) {
+        if let Some(at) = self.connections.iter().position(|(id, _, _)| *id == conn) {
+            self.connections.swap_remove(at);
+        }
+    }
+
+    fn event_room(&self) -> bool {
+        self.events.len() + 4 <= self.config.event_capacity
+    }
+
+    fn push_event(&mut self, event: Event) {
+        // Callers check `event_room` before work that can emit events; a full
+        // queue here would be a bug in that accounting, and the event is
+        // dropped rather than allocating.
+        if self.events.len() < self.config.event_capacity {
+            self.events.push_back(event);
+        } else {
+            self.stats.events_dropped += 1;
+        }
+    }
+
+    // ----- connection management ----------------------------------------------
+
+    fn handle_cm_event(&mut self, event: CmEvent, now: u64) {
+        match event {
+            CmEvent::ConnectRequest {
+                conn,
+                local,
+                remote,
+                private_data,
+            } => self.handle_connect_request(conn, (local, remote), private_data.as_slice(), now),
+            CmEvent::Established { .. } => {} // Linux ignores it too (rtrs.md §2.7).
+            CmEvent::Disconnected { conn }
+            | CmEvent::Unreachable { conn }
+            | CmEvent::Rejected { conn, .. } => {
+                if let Some((path, _)) = self.lookup_conn(conn) {
+                    self.begin_close(path, CloseReason::Disconnected, now);
+                    self.detach_conn(path, conn);
+                    self.maybe_free_path(path);
+                } else {
+                    let _ = self.verbs.destroy(conn);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn reject(&mut self, conn: ConnId, refusal: ConnectRefusal) {
+        let mut buf = [0u8; ConnRsp::LEN];
+        let rsp = ConnRsp::reject(refusal.errno() as i16);
+        let len = rsp.emit(&mut buf).unwrap_or(0);
+        // A failed reject leaves nothing of ours behind; the provider times it out.
+        let _ = self.verbs.reject(conn, &buf[..len]);
+        self.stats.rejected += 1;
+    }
+
+    /// The CONN_RSP this server accepts with (rtrs.md §2.5).
+    pub fn conn_rsp(&self) -> ConnRsp {
+        let flags = if self.config.always_invalidate {
+            ConnRspFlags::NEW_RKEY
+        } else {
+            ConnRspFlags(0)
+        };
+        ConnRsp::accept(
+            self.config.queue_depth,
+            self.config.max_io_size(),
+            self.config.max_hdr_size,
+            flags,
+        )
+    }
+
+    fn handle_connect_request(
+        &mut self,
+        conn: ConnId,
+        addresses: (SocketAddr, SocketAddr),
+        private_data: &[u8],
+        now: u64,
+    ) {
+        let remote = addresses.1;
+        match self.admit(private_data, addresses, now) {
+            Ok((path, cid)) => {
+                if let Err(refusal) = self.accept(conn, remote, path, cid) {
+                    self.reject(conn, refusal);
+                    self.begin_close(path, CloseReason::PostFailed, now);
+                    self.maybe_free_path(path);
+                }
+            }
+            Err(refusal) => self.reject(conn, refusal),
+        }
+    }
+
+    /// Steps 1-5 of rtrs.md §2.4: find or create session and path.
+    fn admit(
+        &mut self,
+        private_data: &[u8],
+        addresses: (SocketAddr, SocketAddr),
+        now: u64,
+    ) -> Result<(u16, u16), ConnectRefusal> {
+        let req = ConnReq::parse(private_data).map_err(ConnectRefusal::Malformed)?;
+        if req.cid_num > self.config.max_connections_per_path {
+            return Err(ConnectRefusal::TooManyConnections);
+        }
+        let session = match self.find_session(req.session_uuid) {
+            Some(index) => index,
+            None if !req.first_conn => return Err(ConnectRefusal::NoSession),
+            None => self.create_session(req.session_uuid)?,
+        };
+        let existing = self.paths.iter().position(|p| {
+            p.session == session
+                && matches!(p.state, PathState::Connecting | PathState::Connected)
+                && p.uuid == req.path_uuid
+        });
+        let path = match existing {
+            Some(index) => {
+                let path = &self.paths[index];
+                let newer = is_newer(req.recon_cnt, path.recon_cnt);
+                if newer {
+                    // A reconnect: the client gave the old path up (rtrs.md §6.2).
+                    let index = index as u16;
+                    self.begin_close(index, CloseReason::Replaced, now);
+                    self.sessions[usize::from(session)].stats.reconnects += 1;
+                    self.maybe_free_path(index);
+                    self.create_path(session, &req, addresses)?
+                } else if path.state != PathState::Connecting {
+                    return Err(ConnectRefusal::PathStillUp);
+                } else if path.cid_num != req.cid_num
+                    || path
+                        .conns
+                        .get(usize::from(req.cid))
+                        .is_none_or(Option::is_some)
+                {
+                    return Err(ConnectRefusal::ConnectionMismatch);
+                } else {
+                    index as u16
+                }
+            }
+            None => {
+                let result = self.create_path(session, &req, addresses);
+                if result.is_err() {
+                    self.maybe_free_session(session);
+                }
+                result?
+            }
+        };
+        Ok((path, req.cid))
+    }
+
+    fn find_session(&self, uuid: Uuid) -> Option<u16> {
+        self.sessions
+            .iter()
+            .position(|s| s.live && s.uuid == uuid)
+            .map(|i| i as u16)
+    }
+
+    fn create_session(&mut self, uuid: Uuid) -> Result<u16, ConnectRefusal> {
+        let index = self
+            .sessions
+            .iter()
+            .position(|s| !s.live)
+            .ok_or(ConnectRefusal::TooManySessions)?;
+        let slot = &mut self.sessions[index];
+        slot.live = true;
+        slot.uuid = uuid;
+        slot.generation = slot.generation.wrapping_add(1);
+        slot.name.clear();
+        slot.paths_up = 0;
+        slot.stats = Stats::default();
+        Ok(index as u16)
+    }
+
+    fn maybe_free_session(&mut self, session: u16) {
+        let used = self
+            .paths
+            .iter()
+            .any(|p| p.state != PathState::Free && p.session == session);
+        if !used {
+            let slot = &mut self.sessions[usize::from(session)];
+            slot.live = false;
+            slot.name.clear();
+        }
+    }
+
+    fn create_path(
+        &mut self,
+        session: u16,
+        req: &ConnReq,
+        addresses: (SocketAddr, SocketAddr),
+    ) -> Result<u16, ConnectRefusal> {
+        let live = || {
+            self.paths.iter().filter(|p| {
+                p.session == session
+                    && matches!(p.state, PathState::Connecting | PathState::Connected)
+            })
+        };
+        // One path per (local, remote) address pair; ports differ per
+        // connection, so only the addresses count (rtrs.md §2.4, §7).
+        let same = |(a, b): (SocketAddr, SocketAddr)| {
+            a.ip() == addresses.0.ip() && b.ip() == addresses.1.ip()
+        };
+        if live().any(|p| p.addresses.is_some_and(same)) {
+            return Err(ConnectRefusal::PathExists);
+        }
+        let live = live().count();
+        if live >= usize::from(self.config.max_paths_per_session) {
+            return Err(ConnectRefusal::TooManyPaths);
+        }
+        let index = self
+            .paths
+            .iter()
+            .position(|p| p.state == PathState::Free)
+            .ok_or(ConnectRefusal::TooManyPaths)?;
+        let path = &mut self.paths[index];
+        path.reset(session, req);
+        path.addresses = Some(addresses);
+        if let Err(refusal) = self.allocate_pool(index) {
+            self.release_pool(index);
+            self.paths[index].state = PathState::Free;
+            return Err(refusal);
+        }
+        Ok(index as u16)
+    }
+
+    /// Allocates and registers the chunk pool and control buffers of a path.
+    fn allocate_pool(&mut self, index: usize) -> Result<(), ConnectRefusal> {
+        let config = self.config;
+        let remote = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
+        let oom = |_| ConnectRefusal::OutOfMemory;
+        for _ in 0..config.queue_depth {
+            let buffer = self.verbs.alloc(config.chunk_size, 4096).map_err(oom)?;
+            let region = match self.verbs.reg_mr(buffer, remote) {
+                Ok(region) => region,
+                Err(_) => {
+                    let _ = self.verbs.free(buffer);
+                    return Err(ConnectRefusal::OutOfMemory);
+                }
+            };
+            self.paths[index].chunks.push(ChunkSlot::new(region));
+        }
+        let info_rsp_len = 8 + 16 * u32::from(config.queue_depth);
+        let sizes = [
+            (InfoReq::LEN as u32, AccessFlags::LOCAL_WRITE),
+            (info_rsp_len, AccessFlags::EMPTY),
+            (
+                RkeyRsp::LEN as u32 * u32::from(config.queue_depth),
+                AccessFlags::EMPTY,
+            ),
+        ];
+        for (which, (len, access)) in sizes.into_iter().enumerate() {
+            let buffer = self.verbs.alloc(len, 64).map_err(oom)?;
+            let region = match self.verbs.reg_mr(buffer, access) {
+                Ok(region) => region,
+                Err(_) => {
+                    let _ = self.verbs.free(buffer);
+                    return Err(ConnectRefusal::OutOfMemory);
+                }
+            };
+            let path = &mut self.paths[index];
+            match which {
+                0 => path.info_req = Some(region),
+                1 => path.info_rsp = Some(region),
+                _ => path.rkey_rsp = Some(region),
+            }
+        }
+        Ok(())
+    }
+
+    /// Frees every buffer of a path; `false` if some are still pinned.
+    fn release_pool(&mut self, index: usize) -> bool {
+        let mut all = true;
+        let path = &mut self.paths[index];
+        while let Some(chunk) = path.chunks.pop() {
+            if self.verbs.free(chunk.region.handle).is_err() {
+                path.chunks.push(chunk);
+                all = false;
+                break;
+            }
+        }
+        for slot in [&mut path.info_req, &mut path.info_rsp, &mut path.rkey_rsp] {
+            if let Some(region) = *slot {
+                if self.verbs.free(region.handle).is_ok() {
+                    *slot = None;
+                } else {
+                    all = false;
+                }
+            }
+        }
+        all
+    }
+
+    /// Steps 6-7 of rtrs.md §2.4.
+    fn accept(
+        &mut self,
+        conn: ConnId,
+        remote: SocketAddr,
+        path: u16,
+        cid: u16,
+    ) -> Result<(), ConnectRefusal> {
+        let id = self.path_id(path);
+        let qd = self.config.queue_depth;
+        let (send_depth, recv_depth) = if cid == 0 {
+            let depth = 2 * wire::SERVICE_CON_QUEUE_DEPTH + 2;
+            (depth, depth)
+        } else {
+            let per = if self.config.always_invalidate { 5 } else { 3 };
+            let send = u32::from(qd) * per + 1;
+            (
+                u16::try_from(send).unwrap_or(u16::MAX),
+                qd.saturating_add(1),
+            )
+        };
+        if cid == 0 {
+            let Some(info) = self.paths[usize::from(path)].info_req else {
+                return Err(ConnectRefusal::OutOfMemory);
+            };
+            let recv = RecvWr {
+                wr_id: wr_id(WrKind::RecvInfo, id, 0),
+                sgl: Sgl::single(info.sge(0, info.len())),
+            };
+            self.verbs
+                .post_recv(conn, &[recv])
+                .map_err(|_| ConnectRefusal::OutOfMemory)?;
+        }
+        let mut buf = [0u8; ConnRsp::LEN];
+        let len = self.conn_rsp().emit(&mut buf).unwrap_or(0);
+        let params = ConnParams::new(&buf[..len], send_depth, recv_depth);
+        self.verbs
+            .accept(conn, &params)
+            .map_err(|_| ConnectRefusal::ConnectionMismatch)?;
+        let slot = &mut self.paths[usize::from(path)];
+        if let Some(entry) = slot.conns.get_mut(usize::from(cid)) {
+            *entry = Some(conn);
+        }
+        if cid == 0 {
+            slot.remote = Some(remote);
+        }
+        if self.connections.len() < self.connections.capacity() {
+            self.connections.push((conn, path, cid));
+        }
+        self.stats.accepted += 1;
+        Ok(())
+    }
+
+    fn detach_conn(&mut self, path: u16, conn: ConnId) {
+        let _ = self.verbs.destroy(conn);
+        self.forget_conn(conn);
+        for entry in self.paths[usize::from(path)].conns.iter_mut() {
+            if *entry == Some(conn) {
+                *entry = None;
+            }
+        }
+    }
+
+    /// Connected/Connecting -> Closing: disconnect every connection, drop
+    /// requests the consumer does not hold, raise PathDown/SessionClosed.
+    fn begin_close(&mut self, path: u16, reason: CloseReason, now: u64) {
+        let index = usize::from(path);
+        let slot = &mut self.paths[index];
+        if !matches!(slot.state, PathState::Connecting | PathState::Connected) {
+            return;
+        }
+        let was_up = slot.state == PathState::Connected;
+        slot.state = PathState::Closing {
+            deadline: now.saturating_add(self.config.close_timeout_ns),
+        };
+        if reason == CloseReason::ProtocolViolation {
+            slot.stats.protocol_errors += 1;
+        }
+        for chunk in slot.chunks.iter_mut() {
+            if !matches!(chunk.state, IoState::WaitingForConsumer { .. }) {
+                chunk.state = IoState::Idle;
+            }
+        }
+        let session = slot.session;
+        for cid in 0..slot.conns.len() {
+            if let Some(conn) = self.paths[index].conns[cid] {
+                if self.verbs.disconnect(conn).is_err() {
+                    // Not connected yet (or already down): release it now.
+                    self.detach_conn(path, conn);
+                }
+            }
+        }
+        self.stats.paths_closed += 1;
+        if was_up {
+            let path_id = self.path_id(path);
+            let session_id = self.session_id(session);
+            self.push_event(Event::PathDown {
+                session: session_id,
+                path: path_id,
+                reason,
+            });
+            let slot = &mut self.sessions[usize::from(session)];
+            slot.paths_up = slot.paths_up.saturating_sub(1);
+            if slot.paths_up == 0 {
+                self.push_event(Event::SessionClosed {
+                    session: session_id,
+                });
+            }
+        }
+    }
+
+    /// Closing -> Free once no connection and no consumer-held IO remain.
+    fn maybe_free_path(&mut self, path: u16) {
+        let index = usize::from(path);
+        let slot = &self.paths[index];
+        if !matches!(slot.state, PathState::Closing { .. }) {
+            return;
+        }
+        if slot.conns.iter().any(Option::is_some)
+            || slot
+                .chunks
+                .iter()
+                .any(|c| !matches!(c.state, IoState::Idle))
+        {
+            return;
+        }
+        if !self.release_pool(index) {
+            return; // still pinned; retried from poll
+        }
+        let slot = &mut self.paths[index];
+        slot.state = PathState::Free;
+        slot.generation = slot.generation.wrapping_add(1);
+        let session = slot.session;
+        self.maybe_free_session(session);
+    }
+
+    // ----- completions ---------------------------------------------------------
+
+    fn handle_completion(&mut self, wc: WorkCompletion, now: u64) {
+        let Some((kind, id, chunk)) = split_wr_id(wc.wr_id) else {
+            return;
+        };
+        let Some(path) = self.path(id) else {
+            return; // a completion of a path already gone
+        };
+        let index = id.index;
+        let closing = matches!(path.state, PathState::Closing { .. });
+        if !wc.status.is_success() {
+            if wc.status != WcStatus::WrFlushErr {
+                self.begin_close(index, CloseReason::CompletionError, now);
+            }
+            if kind == WrKind::IoResponse {
+                self.response_done(index, chunk, now);
+            }
+            self.maybe_free_path(index);
+            return;
+        }
+        if closing {
+            if kind == WrKind::IoResponse {
+                self.response_done(index, chunk, now);
+            }
+            return;
+        }
+        match kind {
+            WrKind::RecvInfo => self.handle_info_req(index, wc, now),
+            WrKind::RecvIo => self.handle_io_receive(index, wc, now),
+            WrKind::LocalInv => self.invalidated(index, chunk, now),
+            WrKind::IoResponse => self.response_done(index, chunk, now),
+            WrKind::SendInfoRsp | WrKind::SendHeartbeat | WrKind::IoUnsignaled => {}
+        }
+    }
+
+    /// rtrs.md §3.2.
+    fn handle_info_req(&mut self, path: u16, wc: WorkCompletion, now: u64) {
+        let index = usize::from(path);
+        let slot = &self.paths[index];
+        let Some(buffer) = slot.info_req else {
+            return;
+        };
+        let mut name: heapless::String<PATHNAME_LEN> = heapless::String::new();
+        let parsed = if wc.opcode == WcOpcode::Recv && wc.byte_len as usize >= InfoReq::LEN {
+            self.verbs
+                .with_slice(buffer.handle, 0, InfoReq::LEN as u32, |bytes| {
+                    InfoReq::parse(bytes).map(|req| {
+                        let _ = name.push_str(req.session_name);
+                    })
+                })
+                .ok()
+                .and_then(Result::ok)
+        } else {
+            None
+        };
+        let all_up = slot.conns.iter().all(Option::is_some);
+        if parsed.is_none() || !all_up || slot.state != PathState::Connecting {
+            self.begin_close(path, CloseReason::ProtocolViolation, now);
+            return;
+        }
+        let session = slot.session;
+        // The name must not belong to another session (EPERM, rtrs.md §3.2).
+        let taken = self
+            .sessions
+            .iter()
+            .enumerate()
+            .any(|(i, s)| s.live && i != usize::from(session) && s.name == name);
+        let own = &self.sessions[usize::from(session)].name;
+        if taken || (!own.is_empty() && *own != name) {
+            self.begin_close(path, CloseReason::ProtocolViolation, now);
+            return;
+        }
+        if self.post_io_receives(path).is_err() {
+            self.begin_close(path, CloseReason::PostFailed, now);
+            return;
+        }
+        if self.send_info_rsp(path).is_err() {
+            self.begin_close(path, CloseReason::PostFailed, now);
+            return;
+        }
+        let slot = &mut self.paths[index];
+        slot.state = PathState::Connected;
+        slot.heartbeat_missed = 0;
+        slot.heartbeat_next = now.saturating_add(self.config.heartbeat_interval_ns);
+        let remote = slot.remote;
+        let session_id = self.session_id(session);
+        let path_id = self.path_id(path);
+        let session_slot = &mut self.sessions[usize::from(session)];
+        session_slot.name = name.clone();
+        session_slot.paths_up += 1;
+        if session_slot.paths_up == 1 {
+            self.push_event(Event::SessionOpened {
+                session: session_id,
+                name,
+            });
+        }
+        self.push_event(Event::PathUp {
+            session: session_id,
+            path: path_id,
+            remote,
+        });
+    }
+
+    /// 512 zero-SGE receives on cid 0, `qd` on every other cid.
+    fn post_io_receives(&mut self, path: u16) -> Result<(), PostError> {
+        let id = self.path_id(path);
+        let recv = RecvWr {
+            wr_id: wr_id(WrKind::RecvIo, id, 0),
+            sgl: Sgl::new(),
+        };
+        let batch: [RecvWr; RECV_BATCH] = core::array::from_fn(|_| recv.clone());
+        let slot = &self.paths[usize::from(path)];
+        for (cid, conn) in slot.conns.iter().enumerate() {
+            let conn = conn.ok_or(PostError::NotConnected)?;
+            let mut remaining = if cid == 0 {
+                usize::from(wire::SERVICE_CON_QUEUE_DEPTH)
+            } else {
+                usize::from(self.config.queue_depth)
+            };
+            while remaining > 0 {
+                let count = remaining.min(RECV_BATCH);
+                self.verbs.post_recv(conn, &batch[..count])?;
+                remaining -= count;
+            }
+        }
+        Ok(())
+    }
+
+    /// INFO_RSP with one descriptor per chunk (rtrs.md §3.3).
+    fn send_info_rsp(&mut self, path: u16) -> Result<(), PostError> {
+        let id = self.path_id(path);
+        let slot = &self.paths[usize::from(path)];
+        let buffer = slot.info_rsp.ok_or(PostError::InvalidKey)?;
+        let conn = slot
+            .conns
+            .first()
+            .copied()
+            .flatten()
+            .ok_or(PostError::NotConnected)?;
+        let count = slot.chunks.len();
+        let len = (InfoRsp::HEADER_LEN + SgDesc::LEN * count) as u32;
+        let chunk_size = self.config.chunk_size;
+        // The header and one descriptor per chunk, each written through the
+        // wire structs (rtrs.md §3.3: addr = iova, key = rkey, len = chunk).
+        let mut written = Ok(());
+        for (i, chunk) in slot.chunks.iter().enumerate() {
+            let desc = SgDesc::new(BufferDesc {
+                addr: chunk.region.iova,
+                rkey: chunk.region.rkey,
+                len: chunk_size,
+            });
+            let at = (InfoRsp::HEADER_LEN + SgDesc::LEN * i) as u32;
+            written = written.and(self.verbs.write(buffer.handle, at, desc.as_bytes()));
+        }
+        let header = RawInfoRspHeader {
+            msg_type: U16::new(wire::MsgType::InfoRsp.into()),
+            sg_cnt: U16::new(count as u16),
+            reserved: [0; 4],
+        };
+        written = written.and(self.verbs.write(buffer.handle, 0, header.as_bytes()));
+        written.map_err(PostError::from)?;
+        let send = SendWr {
+            wr_id: wr_id(WrKind::SendInfoRsp, id, 0),
+            signaled: true,
+            op: SendOp::Send {
+                sgl: Sgl::single(buffer.sge(0, len)),
+                imm: None,
+            },
+        };
+        self.verbs.post_send(conn, &[send])
+    }
+
+    /// rtrs.md §4.5 step 1-2, §5.
+    fn handle_io_receive(&mut self, path: u16, wc: WorkCompletion, now: u64) {
+        let index = usize::from(path);
+        let id = self.path_id(path);
+        let Some(cid) = self.paths[index]
+            .conns
+            .iter()
+            .position(|c| *c == Some(wc.conn))
+        else {
+            return;
+        };
+        self.paths[index].heartbeat_missed = 0;
+        let recv = RecvWr {
+            wr_id: wr_id(WrKind::RecvIo, id, 0),
+            sgl: Sgl::new(),
+        };
+        if self.verbs.post_recv(wc.conn, &[recv]).is_err() {
+            self.begin_close(path, CloseReason::PostFailed, now);
+            return;
+        }
+        let Some(imm) = wc.imm else {
+            // A zero-length SEND into a zero-SGE receive: nothing to do.
+            self.stats.ignored_immediates += 1;
+            return;
+        };
+        match Imm::decode(imm) {
+            Imm::IoReq { payload } => self.dispatch(path, cid as u16, payload, now),
+            Imm::HbMsg => {
+                self.paths[index].ack_pending = true;
+                self.send_heartbeat_ack(path);
+            }
+            Imm::HbAck => {}
+            _ => self.stats.ignored_immediates += 1,
+        }
+    }
+
+    fn dispatch(&mut self, path: u16, cid: u16, payload: u32, now: u64) {
+        let (chunk, offset) = self.layout.split(payload);
+        let index = usize::from(path);
+        let qd = u32::from(self.config.queue_depth);
+        if chunk >= qd || offset >= self.config.chunk_size {
+            self.begin_close(path, CloseReason::ProtocolViolation, now); // #14
+            return;
+        }
+        let chunk = chunk as u16;
+        let Some(slot) = self.paths[index].chunks.get_mut(usize::from(chunk)) else {
+            return;
+        };
+        if !matches!(slot.state, IoState::Idle) {
+            self.begin_close(path, CloseReason::ProtocolViolation, now); // #20
+            return;
+        }
+        slot.generation = slot.generation.wrapping_add(1);
+        if self.config.always_invalidate {
+            slot.state = IoState::WaitingForSendQueueToInvalidate { cid, offset };
+            self.try_invalidate(path, chunk, now);
+        } else {
+            self.parse_request(path, chunk, cid, offset, now);
+        }
+    }
+
+    fn try_invalidate(&mut self, path: u16, chunk: u16, now: u64) {
+        let index = usize::from(path);
+        let id = self.path_id(path);
+        let slot = &self.paths[index];
+        let Some(chunk_slot) = slot.chunks.get(usize::from(chunk)) else {
+            return;
+        };
+        let IoState::WaitingForSendQueueToInvalidate { cid, offset } = chunk_slot.state else {
+            return;
+        };
+        let Some(conn) = slot.conns.get(usize::from(cid)).copied().flatten() else {
+            return;
+        };
+        let wr = SendWr {
+            wr_id: wr_id(WrKind::LocalInv, id, chunk),
+            signaled: true,
+            op: SendOp::LocalInv {
+                rkey: chunk_slot.region.rkey,
+            },
+        };
+        match self.verbs.post_send(conn, &[wr]) {
+            Ok(()) => {
+                self.paths[index].chunks[usize::from(chunk)].state =
+                    IoState::WaitingForInvalidate { cid, offset };
+            }
+            Err(PostError::QueueFull) => self.pending = true,
+            Err(_) => self.begin_close(path, CloseReason::PostFailed, now),
+        }
+    }
+
+    fn invalidated(&mut self, path: u16, chunk: u16, now: u64) {
+        let Some(slot) = self.paths[usize::from(path)].chunks.get(usize::from(chunk)) else {
+            return;
+        };
+        if let IoState::WaitingForInvalidate { cid, offset } = slot.state {
+            self.parse_request(path, chunk, cid, offset, now);
+        }
+    }
+
+    /// rtrs.md §4.5 steps 4-7 with rnbd.md §8.2 #15-#19.
+    fn parse_request(&mut self, path: u16, chunk: u16, cid: u16, offset: u32, now: u64) {
+        let index = usize::from(path);
+        let chunk_size = self.config.chunk_size;
+        let slot = &self.paths[index].chunks[usize::from(chunk)];
+        let handle = slot.region.handle;
+        let generation = slot.generation;
+        let parsed = self
+            .verbs
+            .with_slice(handle, 0, handle.len(), |bytes| {
+                match IoRequest::parse(bytes, offset as usize) {
+                    Ok(request) => Ok((request.msg, request.data_len, request.user_header.len())),
+                    Err(ParseError::UserHeaderBeyondChunkStart) => {
+                        // Keep the read descriptor: an error answer still invalidates.
+                        let read = bytes
+                            .get(offset as usize..)
+                            .and_then(|msg| ReadMsg::parse(msg).ok());
+                        Err((ParseError::UserHeaderBeyondChunkStart, read))
+                    }
+                    Err(error) => Err((error, None)),
+                }
+            })
+            .unwrap_or(Err((ParseError::OffsetBeyondChunk, None)));
+        let respond_einval = |read: Option<ReadMsg>| {
+            IoState::WaitingForSendQueue(Response {
+                cid,
+                errno: errno::EINVAL,
+                read: read.and_then(ReadInfo::from_msg),
+                data: ReadData::Chunk,
+                rekeyed: false,
+            })
+        };
+        let (msg, data_len, usr_len) = match parsed {
+            Ok(found) => found,
+            Err((ParseError::UserHeaderBeyondChunkStart, read)) => {
+                // #17: Linux drops silently; Brick answers EINVAL.
+                self.note_protocol_error(path);
+                self.paths[index].chunks[usize::from(chunk)].state = respond_einval(read);
+                self.try_respond(path, chunk, now);
+                return;
+            }
+            Err((ParseError::TooManyReadDescriptors, _)) => {
+                // #18: answered EINVAL (no descriptor to invalidate).
+                self.note_protocol_error(path);
+                self.paths[index].chunks[usize::from(chunk)].state = respond_einval(None);
+                self.try_respond(path, chunk, now);
+                return;
+            }
+            Err(_) => {
+                // #15, #16: close.
+                self.begin_close(path, CloseReason::ProtocolViolation, now);
+                return;
+            }
+        };
+        let data_len = data_len as u32;
+        let (direction, read) = match msg {
+            IoMsg::Write(_) => (IoDirection::Write, None),
+            IoMsg::Read(read) => {
+                let info = ReadInfo::from_msg(read);
+                if let Some(desc) = read.desc {
+                    // #19: 1..=chunk and equal to the room the client left.
+                    if desc.len == 0 || desc.len > chunk_size || desc.len != data_len {
+                        self.note_protocol_error(path);
+                        self.paths[index].chunks[usize::from(chunk)].state =
+                            respond_einval(Some(read));
+                        self.try_respond(path, chunk, now);
+                        return;
+                    }
+                }
+                let read_len = info.map_or(0, |i| i.len);
+                (IoDirection::Read { read_len }, Some(info))
+            }
+        };
+        let (Some(header), Some(data)) = (
+            handle.slice(data_len, usr_len as u32),
+            handle.slice(0, data_len),
+        ) else {
+            self.begin_close(path, CloseReason::ProtocolViolation, now);
+            return;
+        };
+        self.paths[index].chunks[usize::from(chunk)].state = IoState::WaitingForConsumer {
+            cid,
+            read: read.flatten().or(match direction {
+                IoDirection::Read { .. } => Some(ReadInfo::dataless()),
+                IoDirection::Write => None,
+            }),
+        };
+        if let IoDirection::Write = direction {
+            let slot = &mut self.paths[index];
+            slot.stats.write_bytes += u64::from(data_len);
+            self.sessions[usize::from(slot.session)].stats.write_bytes += u64::from(data_len);
+        }
+        let session = self.session_id(self.paths[index].session);
+        let token = IoToken {
+            path: self.path_id(path),
+            chunk,
+            generation,
+        };
+        self.push_event(Event::Io {
+            session,
+            token,
+            direction,
+            header,
+            data,
+            admin: cid == 0,
+        });
+    }
+
+    fn note_protocol_error(&mut self, path: u16) {
+        let slot = &mut self.paths[usize::from(path)];
+        slot.stats.protocol_errors += 1;
+        self.sessions[usize::from(slot.session)]
+            .stats
+            .protocol_errors += 1;
+    }
+
+    /// Builds and posts the response chain of rtrs.md §4.6.
+    fn try_respond(&mut self, path: u16, chunk: u16, now: u64) {
+        let index = usize::from(path);
+        let id = self.path_id(path);
+        let invalidate_mode = self.config.always_invalidate;
+        let slot = &self.paths[index];
+        let Some(chunk_slot) = slot.chunks.get(usize::from(chunk)) else {
+            return;
+        };
+        let response = match &chunk_slot.state {
+            IoState::WaitingForSendQueue(response)
+            | IoState::WaitingForPreviousCompletion(response) => response.clone(),
+            _ => return,
+        };
+        if chunk_slot.sends_in_flight > 0 {
+            // The previous response of this chunk still owns its memory.
+            self.paths[index].chunks[usize::from(chunk)].state =
+                IoState::WaitingForPreviousCompletion(response);
+            return;
+        }
+        let Some(conn) = slot.conns.get(usize::from(response.cid)).copied().flatten() else {
+            self.begin_close(path, CloseReason::PostFailed, now);
+            return;
+        };
+        let region = chunk_slot.region;
+        let Some(rkey_buffer) = slot.rkey_rsp else {
+            return;
+        };
+        let mut response = response;
+        let mut rkey = region.rkey;
+        if invalidate_mode && !response.rekeyed {
+            match self.verbs.rekey(region.lkey) {
+                Ok(fresh) => {
+                    rkey = fresh;
+                    response.rekeyed = true;
+                    let chunk_slot = &mut self.paths[index].chunks[usize::from(chunk)];
+                    chunk_slot.region.rkey = fresh;
+                }
+                Err(verbs::RegError::Busy) => {
+                    self.paths[index].chunks[usize::from(chunk)].state =
+                        IoState::WaitingForPreviousCompletion(response);
+                    self.pending = true;
+                    return;
+                }
+                Err(_) => {
+                    self.begin_close(path, CloseReason::PostFailed, now);
+                    return;
+                }
+            }
+        }
+        let mut wrs: heapless::Vec<SendWr, 3> = heapless::Vec::new();
+        let mut read_bytes = 0;
+        let read = response.read;
+        let invalidate = read.and_then(|r| r.need_inval.then_some(r.rkey));
+        if response.errno == 0 {
+            if let Some(read) = read.filter(|r| r.len > 0) {
+                let sgl = match &response.data {
+                    ReadData::Chunk => Sgl::single(region.sge(0, read.len)),
+                    ReadData::Sgl(sgl) => sgl.clone(),
+                };
+                read_bytes = read.len;
+                let _ = wrs.push(SendWr {
+                    wr_id: wr_id(WrKind::IoUnsignaled, id, chunk),
+                    signaled: false,
+                    op: SendOp::RdmaWrite {
+                        sgl,
+                        remote_addr: read.addr,
+                        rkey: read.rkey,
+                        imm: None,
+                    },
+                });
+            }
+        }
+        if let Some(rkey) = invalidate {
+            let _ = wrs.push(SendWr {
+                wr_id: wr_id(WrKind::IoUnsignaled, id, chunk),
+                signaled: false,
+                op: SendOp::SendWithInv {
+                    sgl: Sgl::new(),
+                    invalidate: rkey,
+                },
+            });
+        }
+        let rsp = if invalidate.is_some() {
+            Imm::IoRspWithInvalidate {
+                msg_id: u32::from(chunk),
+                errno: response.errno,
+            }
+        } else {
+            Imm::IoRsp {
+                msg_id: u32::from(chunk),
+                errno: response.errno,
+            }
+        };
+        // chunk < qd < 2^16 and errno <= 511: always encodable.
+        let imm = rsp.encode().unwrap_or(0);
+        let completion = if invalidate_mode {
+            let mut bytes = [0u8; RkeyRsp::LEN];
+            let _ = RkeyRsp {
+                buf_id: chunk,
+                rkey,
+            }
+            .emit(&mut bytes);
+            let offset = u32::from(chunk) * RkeyRsp::LEN as u32;
+            if self
+                .verbs
+                .write(rkey_buffer.handle, offset, &bytes)
+                .is_err()
+            {
+                self.begin_close(path, CloseReason::PostFailed, now);
+                return;
+            }
+            SendOp::Send {
+                sgl: Sgl::single(rkey_buffer.sge(offset, RkeyRsp::LEN as u32)),
+                imm: Some(imm),
+            }
+        } else {
+            SendOp::RdmaWrite {
+                sgl: Sgl::new(),
+                remote_addr: 0,
+                rkey: Rkey(0),
+                imm: Some(imm),
+            }
+        };
+        let _ = wrs.push(SendWr {
+            wr_id: wr_id(WrKind::IoResponse, id, chunk),
+            signaled: true,
+            op: completion,
+        });
+        match self.verbs.post_send(conn, &wrs) {
+            Ok(()) => {
+                let is_read = read.is_some();
+                let errno = response.errno;
+                let slot = &mut self.paths[index];
+                let chunk_slot = &mut slot.chunks[usize::from(chunk)];
+                chunk_slot.state = IoState::Idle;
+                chunk_slot.sends_in_flight += 1;
+                let session = usize::from(slot.session);
+                for stats in [&mut slot.stats, &mut self.sessions[session].stats] {
+                    if errno != 0 {
+                        stats.errors += 1;
+                    } else if is_read {
+                        stats.reads += 1;
+                        stats.read_bytes += u64::from(read_bytes);
+                    } else {
+                        stats.writes += 1;
+                    }
+                }
+            }
+            Err(PostError::QueueFull) => {
+                self.paths[index].chunks[usize::from(chunk)].state =
+                    IoState::WaitingForSendQueue(response);
+                self.pending = true;
+            }
+            Err(_) => self.begin_close(path, CloseReason::PostFailed, now),
+        }
+    }
+
+    fn response_done(&mut self, path: u16, chunk: u16, now: u64) {
+        let index = usize::from(path);
+        let Some(slot) = self.paths[index].chunks.get_mut(usize::from(chunk)) else {
+            return;
+        };
+        slot.sends_in_flight = slot.sends_in_flight.saturating_sub(1);
+        if matches!(slot.state, IoState::WaitingForPreviousCompletion(_)) {
+            self.try_respond(path, chunk, now);
+        }
+    }
+
+    // ----- heartbeats and parked work ------------------------------------------
+
+    fn send_heartbeat_ack(&mut self, path: u16) {
+        let index = usize::from(path);
+        let id = self.path_id(path);
+        let Some(conn) = self.paths[index].conns.first().copied().flatten() else {
+            return;
+        };
+        let wr = heartbeat_wr(id, Imm::HbAck);
+        match self.verbs.post_send(conn, &[wr]) {
+            Ok(()) => {
+                let slot = &mut self.paths[index];
+                slot.ack_pending = false;
+                slot.stats.heartbeats_acked += 1;
+            }
+            Err(_) => self.pending = true,
+        }
+    }
+
+    fn run_timers_and_parked(&mut self, now: u64) -> bool {
+        let mut busy = false;
+        let was_pending = core::mem::replace(&mut self.pending, false);
+        for index in 0..self.paths.len() {
+            let path = index as u16;
+            match self.paths[index].state {
+                PathState::Connected => {
+                    if was_pending {
+                        busy |= self.retry_parked(path, now);
+                    }
+                    if now >= self.paths[index].heartbeat_next && self.event_room() {
+                        busy = true;
+                        self.heartbeat_tick(path, now);
+                    }
+                }
+                PathState::Closing { deadline } => {
+                    if now >= deadline {
+                        for cid in 0..self.paths[index].conns.len() {
+                            if let Some(conn) = self.paths[index].conns[cid] {
+                                self.detach_conn(path, conn);
+                            }
+                        }
+                    }
+                    // Otherwise a closing path advances on its CM events and
+                    // the consumer's answers, or at the deadline: no spinning.
+                    self.maybe_free_path(path);
+                    if self.paths[index].state == PathState::Free {
+                        busy = true;
+                    }
+                }
+                _ => {}
+            }
+        }
+        busy
+    }
+
+    fn retry_parked(&mut self, path: u16, now: u64) -> bool {
+        let index = usize::from(path);
+        let mut busy = false;
+        if self.paths[index].ack_pending {
+            self.send_heartbeat_ack(path);
+            busy = true;
+        }
+        for chunk in 0..self.paths[index].chunks.len() {
+            if !matches!(self.paths[index].state, PathState::Connected) {
+                break;
+            }
+            match self.paths[index].chunks[chunk].state {
+                IoState::WaitingForSendQueue(_) | IoState::WaitingForPreviousCompletion(_) => {
+                    busy = true;
+                    self.try_respond(path, chunk as u16, now);
+                }
+                IoState::WaitingForSendQueueToInvalidate { .. } => {
+                    busy = true;
+                    self.try_invalidate(path, chunk as u16, now);
+                }
+                _ => {}
+            }
+        }
+        busy
+    }
+
+    /// rtrs.md §5: one outstanding heartbeat; dead after `missed_max`.
+    fn heartbeat_tick(&mut self, path: u16, now: u64) {
+        let index = usize::from(path);
+        let max = self.config.heartbeat_missed_max;
+        let slot = &mut self.paths[index];
+        slot.heartbeat_next = now.saturating_add(self.config.heartbeat_interval_ns);
+        if slot.heartbeat_missed > max {
+            self.begin_close(path, CloseReason::HeartbeatTimeout, now);
+            return;
+        }
+        if slot.heartbeat_missed > 0 {
+            slot.heartbeat_missed += 1;
+            return;
+        }
+        slot.heartbeat_missed = 1;
+        let id = self.path_id(path);
+        let Some(conn) = self.paths[index].conns.first().copied().flatten() else {
+            return;
+        };
+        if self
+            .verbs
+            .post_send(conn, &[heartbeat_wr(id, Imm::HbMsg)])
+            .is_ok()
+        {
+            self.paths[index].stats.heartbeats_sent += 1;
+        }
+    }
+}
+
+/// A zero-length RDMA WRITE WITH IMM, VA 0, rkey 0 (rtrs.md §1).
+fn heartbeat_wr(path: PathId, imm: Imm) -> SendWr {
+    SendWr {
+        wr_id: wr_id(WrKind::SendHeartbeat, path, 0),
+        signaled: true,
+        op: SendOp::RdmaWrite {
+            sgl: Sgl::new(),
+            remote_addr: 0,
+            rkey: Rkey(0),
+            imm: Some(imm.encode().unwrap_or(0)),
+        },
+    }
+}
+
+/// Whether reconnect counter `new` is after `old` (wrapping le16).
+fn is_newer(new: u16, old: u16) -> bool {
+    let diff = new.wrapping_sub(old);
+    diff != 0 && diff < 0x8000
+}
