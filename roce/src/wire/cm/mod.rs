@@ -20,6 +20,9 @@ use core::fmt;
 use super::mad::{self, MgmtClass};
 use super::ParseError;
 
+#[macro_use]
+mod common;
+
 pub mod drep;
 pub mod dreq;
 pub mod mra;
@@ -131,6 +134,34 @@ pub(crate) fn body_from_hex(hex: &str) -> [u8; BODY_LEN] {
         body[i] = u8::from_str_radix(text, 16).unwrap();
     }
     body
+}
+
+/// The `test_parse` and `test_emit` of one message against its vector.
+///
+/// `hex` is the vector ([`body_from_hex`]), `private_data` the message's
+/// private-data field, `parse` the message's `Repr::parse` on an unchecked view,
+/// and `repr` the message the vector holds, given its private data. Checks that:
+/// - parsing the vector gives `repr` of the whole private-data area;
+/// - parsing it one byte short fails with [`ParseError::Truncated`];
+/// - emitting `repr` of the private data up to its last non-zero byte over a
+///   `0xa5`-filled buffer gives the vector back byte for byte: every field,
+///   reserved bit and unused private-data byte is written.
+#[cfg(test)]
+pub(crate) fn check_vector(
+    hex: &str,
+    private_data: crate::wire::bytes::Field,
+    parse: impl Fn(&[u8]) -> Result<Message<'_>, ParseError>,
+    repr: impl Fn(&[u8]) -> Message<'_>,
+) {
+    let body = body_from_hex(hex);
+    assert_eq!(parse(&body[..]), Ok(repr(&body[private_data.clone()])));
+    assert_eq!(parse(&body[..BODY_LEN - 1]), Err(ParseError::Truncated));
+
+    let area = &body[private_data];
+    let used = area.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
+    let mut emitted = [0xa5u8; BODY_LEN];
+    repr(&area[..used]).emit(&mut emitted);
+    assert_eq!(emitted, body);
 }
 
 /// One CM message, decoded.

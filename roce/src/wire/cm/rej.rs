@@ -13,17 +13,13 @@
 
 use core::fmt;
 
-use super::super::bytes::{
-    get_bits, read_u16_be, read_u32_be, set_bits, write_u16_be, write_u32_be,
-};
+use super::super::bytes::{get_bits, read_u16_be, set_bits, write_u16_be};
 use super::super::ParseError;
-use super::{emit_private_data, MessageKind, TrimmedHex, BODY_LEN};
+use super::{emit_private_data, MessageKind, TrimmedHex};
 
 mod field {
     use crate::wire::bytes::Field;
 
-    pub const LOCAL_COMM_ID: Field = 0..4;
-    pub const REMOTE_COMM_ID: Field = 4..8;
     /// Message Rejected (2) | reserved (6).
     pub const MESSAGE: usize = 8;
     /// Rejected Info Length (7) | reserved (1).
@@ -113,23 +109,18 @@ enum_with_unknown! {
     }
 }
 
-header_view!(
+cm_packet! {
     /// A read/write view of a REJ body.
-    Packet,
-    BODY_LEN
-);
+    Packet "REJ";
+    /// The 148-byte private data area.
+    fn private_data;
+    /// Local Communication ID (the sender's; 0 if it never allocated one).
+    fn local_comm_id;
+    /// Remote Communication ID (the receiver's).
+    fn remote_comm_id;
+}
 
 impl<T: AsRef<[u8]>> Packet<T> {
-    /// Local Communication ID (the sender's; 0 if it never allocated one).
-    pub fn local_comm_id(&self) -> u32 {
-        read_u32_be(&self.buffer.as_ref()[field::LOCAL_COMM_ID])
-    }
-
-    /// Remote Communication ID (the receiver's).
-    pub fn remote_comm_id(&self) -> u32 {
-        read_u32_be(&self.buffer.as_ref()[field::REMOTE_COMM_ID])
-    }
-
     /// Which message is rejected.
     pub fn message_rejected(&self) -> MessageKind {
         MessageKind::from(get_bits(self.buffer.as_ref()[field::MESSAGE], 6, 2))
@@ -149,24 +140,9 @@ impl<T: AsRef<[u8]>> Packet<T> {
     pub fn ari(&self) -> &[u8] {
         &self.buffer.as_ref()[field::ARI]
     }
-
-    /// The 148-byte private data area.
-    pub fn private_data(&self) -> &[u8] {
-        &self.buffer.as_ref()[field::PRIVATE_DATA]
-    }
 }
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
-    /// Sets the Local Communication ID.
-    pub fn set_local_comm_id(&mut self, value: u32) {
-        write_u32_be(&mut self.buffer.as_mut()[field::LOCAL_COMM_ID], value);
-    }
-
-    /// Sets the Remote Communication ID.
-    pub fn set_remote_comm_id(&mut self, value: u32) {
-        write_u32_be(&mut self.buffer.as_mut()[field::REMOTE_COMM_ID], value);
-    }
-
     /// Sets Message Rejected (low 2 bits of its code); clears the reserved bits.
     pub fn set_message_rejected(&mut self, value: MessageKind) {
         let byte = &mut self.buffer.as_mut()[field::MESSAGE];
@@ -189,11 +165,6 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
     /// The ARI field, mutably.
     pub fn ari_mut(&mut self) -> &mut [u8] {
         &mut self.buffer.as_mut()[field::ARI]
-    }
-
-    /// The private data area, mutably.
-    pub fn private_data_mut(&mut self) -> &mut [u8] {
-        &mut self.buffer.as_mut()[field::PRIVATE_DATA]
     }
 }
 
@@ -238,11 +209,6 @@ impl<'a> Repr<'a> {
         })
     }
 
-    /// Length of the emitted body: 232.
-    pub const fn buffer_len(&self) -> usize {
-        BODY_LEN
-    }
-
     /// Writes the REJ body; Rejected Info Length is `ari.len()`.
     ///
     /// # Panics
@@ -276,18 +242,9 @@ impl fmt::Display for Repr<'_> {
     }
 }
 
-impl<T: AsRef<[u8]>> fmt::Display for Packet<T> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match Repr::parse(&Packet::new_unchecked(self.buffer.as_ref())) {
-            Ok(repr) => write!(f, "{repr}"),
-            Err(err) => write!(f, "CM REJ ({err})"),
-        }
-    }
-}
-
 #[cfg(test)]
 mod test {
-    use super::super::body_from_hex;
+    use super::super::{body_from_hex, check_vector, Message, BODY_LEN};
     use super::*;
 
     // A client giving up on a REQ: reason 4 (timeout), MessageRejected 2, ARI =
@@ -295,14 +252,14 @@ mod test {
     const REJ_HEX: &str = "68bf50b40000000080100004505400fffe770002";
     const ARI: [u8; 8] = [0x50, 0x54, 0x00, 0xff, 0xfe, 0x77, 0x00, 0x02];
 
-    fn repr() -> Repr<'static> {
+    fn repr(private_data: &[u8]) -> Repr<'_> {
         Repr {
             local_comm_id: 0x68bf_50b4,
             remote_comm_id: 0,
             message_rejected: MessageKind::Other,
             reason: RejectReason::Timeout,
             ari: &ARI,
-            private_data: &[],
+            private_data,
         }
     }
 
@@ -332,23 +289,13 @@ mod test {
     }
 
     #[test]
-    fn test_parse() {
-        let body = body_from_hex(REJ_HEX);
-        let parsed = Repr::parse(&Packet::new_unchecked(&body[..])).unwrap();
-        assert_eq!(
-            parsed,
-            Repr {
-                private_data: &body[field::PRIVATE_DATA],
-                ..repr()
-            }
+    fn test_parse_emit() {
+        check_vector(
+            REJ_HEX,
+            field::PRIVATE_DATA,
+            |body| Repr::parse(&Packet::new_unchecked(body)).map(Message::Rej),
+            |private_data| Message::Rej(repr(private_data)),
         );
-    }
-
-    #[test]
-    fn test_emit() {
-        let mut body = [0xa5u8; BODY_LEN];
-        repr().emit(&mut Packet::new_unchecked(&mut body[..]));
-        assert_eq!(body, body_from_hex(REJ_HEX));
     }
 
     #[test]

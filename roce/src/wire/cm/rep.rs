@@ -21,14 +21,13 @@ use super::super::bytes::{
     write_u64_be,
 };
 use super::super::ParseError;
-use super::{emit_private_data, BODY_LEN};
+use super::common::write_flags;
+use super::emit_private_data;
 use crate::types::{Psn, Qkey, Qpn};
 
 mod field {
     use crate::wire::bytes::Field;
 
-    pub const LOCAL_COMM_ID: Field = 0..4;
-    pub const REMOTE_COMM_ID: Field = 4..8;
     pub const LOCAL_QKEY: Field = 8..12;
     pub const LOCAL_QPN: Field = 12..15;
     pub const VENDOR_ID_HI: usize = 15;
@@ -49,25 +48,20 @@ mod field {
 /// Length of the REP private data.
 pub const PRIVATE_DATA_LEN: usize = field::PRIVATE_DATA.end - field::PRIVATE_DATA.start;
 
-header_view!(
+cm_packet! {
     /// A read/write view of a REP body.
-    Packet,
-    BODY_LEN
-);
+    Packet "REP";
+    /// The 196-byte private data area.
+    fn private_data;
+    /// Local Communication ID (the server's).
+    fn local_comm_id;
+    /// Remote Communication ID (the client's, from the REQ).
+    fn remote_comm_id;
+}
 
 impl<T: AsRef<[u8]>> Packet<T> {
     fn byte(&self, index: usize) -> u8 {
         self.buffer.as_ref()[index]
-    }
-
-    /// Local Communication ID (the server's).
-    pub fn local_comm_id(&self) -> u32 {
-        read_u32_be(&self.buffer.as_ref()[field::LOCAL_COMM_ID])
-    }
-
-    /// Remote Communication ID (the client's, from the REQ).
-    pub fn remote_comm_id(&self) -> u32 {
-        read_u32_be(&self.buffer.as_ref()[field::REMOTE_COMM_ID])
     }
 
     /// Local Q_Key (0 for RC).
@@ -139,26 +133,11 @@ impl<T: AsRef<[u8]>> Packet<T> {
     pub fn local_ca_guid(&self) -> u64 {
         read_u64_be(&self.buffer.as_ref()[field::LOCAL_CA_GUID])
     }
-
-    /// The 196-byte private data area.
-    pub fn private_data(&self) -> &[u8] {
-        &self.buffer.as_ref()[field::PRIVATE_DATA]
-    }
 }
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
     fn byte_mut(&mut self, index: usize) -> &mut u8 {
         &mut self.buffer.as_mut()[index]
-    }
-
-    /// Sets the Local Communication ID.
-    pub fn set_local_comm_id(&mut self, value: u32) {
-        write_u32_be(&mut self.buffer.as_mut()[field::LOCAL_COMM_ID], value);
-    }
-
-    /// Sets the Remote Communication ID.
-    pub fn set_remote_comm_id(&mut self, value: u32) {
-        write_u32_be(&mut self.buffer.as_mut()[field::REMOTE_COMM_ID], value);
     }
 
     /// Sets the Local Q_Key.
@@ -229,11 +208,6 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
     pub fn set_local_ca_guid(&mut self, value: u64) {
         write_u64_be(&mut self.buffer.as_mut()[field::LOCAL_CA_GUID], value);
     }
-
-    /// The private data area, mutably.
-    pub fn private_data_mut(&mut self) -> &mut [u8] {
-        &mut self.buffer.as_mut()[field::PRIVATE_DATA]
-    }
 }
 
 /// A parsed REP. Fields wider than their wire width are truncated on emit.
@@ -301,11 +275,6 @@ impl<'a> Repr<'a> {
         })
     }
 
-    /// Length of the emitted body: 232.
-    pub const fn buffer_len(&self) -> usize {
-        BODY_LEN
-    }
-
     /// Writes the REP body (reserved bits and unused private data 0).
     ///
     /// # Panics
@@ -348,14 +317,10 @@ impl fmt::Display for Repr<'_> {
             self.target_ack_delay,
             self.rnr_retry_count
         )?;
-        for (set, name) in [
-            (self.end_to_end_flow_control, " e2e_fc"),
-            (self.srq, " srq"),
-        ] {
-            if set {
-                f.write_str(name)?;
-            }
-        }
+        write_flags(
+            f,
+            &[(self.end_to_end_flow_control, "e2e_fc"), (self.srq, "srq")],
+        )?;
         if self.failover_accepted != 0 || self.vendor_id != 0 {
             write!(
                 f,
@@ -370,18 +335,9 @@ impl fmt::Display for Repr<'_> {
     }
 }
 
-impl<T: AsRef<[u8]>> fmt::Display for Packet<T> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match Repr::parse(&Packet::new_unchecked(self.buffer.as_ref())) {
-            Ok(repr) => write!(f, "{repr}"),
-            Err(err) => write!(f, "CM REP ({err})"),
-        }
-    }
-}
-
 #[cfg(test)]
 mod test {
-    use super::super::body_from_hex;
+    use super::super::{body_from_hex, check_vector, Message, BODY_LEN};
     use super::*;
 
     // rnbd-2cpu.pcap frame 6: REP with an RTRS conn_rsp as private data.
@@ -453,21 +409,13 @@ mod test {
     }
 
     #[test]
-    fn test_parse() {
-        let body = body_from_hex(REP_HEX);
-        let parsed = Repr::parse(&Packet::new_unchecked(&body[..])).unwrap();
-        assert_eq!(parsed, repr(&body[field::PRIVATE_DATA]));
-        assert_eq!(
-            Repr::parse(&Packet::new_unchecked(&body[..100])),
-            Err(ParseError::Truncated)
+    fn test_parse_emit() {
+        check_vector(
+            REP_HEX,
+            field::PRIVATE_DATA,
+            |body| Repr::parse(&Packet::new_unchecked(body)).map(Message::Rep),
+            |private_data| Message::Rep(repr(private_data)),
         );
-    }
-
-    #[test]
-    fn test_emit() {
-        let mut body = [0xa5u8; BODY_LEN];
-        repr(&CONN_RSP).emit(&mut Packet::new_unchecked(&mut body[..]));
-        assert_eq!(body, body_from_hex(REP_HEX));
     }
 
     #[test]

@@ -25,14 +25,14 @@ use super::super::bytes::{
     write_u24_be, write_u32_be, write_u64_be,
 };
 use super::super::ParseError;
+use super::common::write_flags;
+use super::emit_private_data;
 use super::path;
-use super::{emit_private_data, BODY_LEN};
 use crate::types::{Mtu, Pkey, Psn, Qkey, Qpn};
 
 mod field {
     use crate::wire::bytes::Field;
 
-    pub const LOCAL_COMM_ID: Field = 0..4;
     pub const VENDOR_ID: Field = 5..8;
     pub const SERVICE_ID: Field = 8..16;
     pub const LOCAL_CA_GUID: Field = 16..24;
@@ -74,20 +74,18 @@ enum_with_unknown! {
     }
 }
 
-header_view!(
+cm_packet! {
     /// A read/write view of a REQ body.
-    Packet,
-    BODY_LEN
-);
+    Packet "REQ";
+    /// The 92-byte private data area.
+    fn private_data;
+    /// Local Communication ID (the client's).
+    fn local_comm_id;
+}
 
 impl<T: AsRef<[u8]>> Packet<T> {
     fn byte(&self, index: usize) -> u8 {
         self.buffer.as_ref()[index]
-    }
-
-    /// Local Communication ID (the client's).
-    pub fn local_comm_id(&self) -> u32 {
-        read_u32_be(&self.buffer.as_ref()[field::LOCAL_COMM_ID])
     }
 
     /// Vendor ID (24 bits, ECE).
@@ -209,21 +207,11 @@ impl<T: AsRef<[u8]>> Packet<T> {
     pub fn alternate_path(&self) -> path::Packet<&[u8]> {
         path::Packet::new_unchecked(&self.buffer.as_ref()[field::ALTERNATE_PATH])
     }
-
-    /// The 92-byte private data area.
-    pub fn private_data(&self) -> &[u8] {
-        &self.buffer.as_ref()[field::PRIVATE_DATA]
-    }
 }
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
     fn byte_mut(&mut self, index: usize) -> &mut u8 {
         &mut self.buffer.as_mut()[index]
-    }
-
-    /// Sets the Local Communication ID.
-    pub fn set_local_comm_id(&mut self, value: u32) {
-        write_u32_be(&mut self.buffer.as_mut()[field::LOCAL_COMM_ID], value);
     }
 
     /// Sets the Vendor ID (low 24 bits).
@@ -349,11 +337,6 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
         path::Packet::new_unchecked(&mut self.buffer.as_mut()[field::ALTERNATE_PATH])
     }
 
-    /// The private data area, mutably.
-    pub fn private_data_mut(&mut self) -> &mut [u8] {
-        &mut self.buffer.as_mut()[field::PRIVATE_DATA]
-    }
-
     /// Zeroes the reserved bytes.
     pub fn clear_reserved(&mut self) {
         for range in field::RESERVED {
@@ -457,11 +440,6 @@ impl<'a> Repr<'a> {
         })
     }
 
-    /// Length of the emitted body: 232.
-    pub const fn buffer_len(&self) -> usize {
-        BODY_LEN
-    }
-
     /// Writes the REQ body (reserved bits and unused private data 0).
     ///
     /// # Panics
@@ -523,15 +501,14 @@ impl fmt::Display for Repr<'_> {
             self.remote_cm_response_timeout,
             self.max_cm_retries
         )?;
-        for (set, name) in [
-            (self.end_to_end_flow_control, " e2e_fc"),
-            (self.srq, " srq"),
-            (self.rdc_exists, " rdc"),
-        ] {
-            if set {
-                f.write_str(name)?;
-            }
-        }
+        write_flags(
+            f,
+            &[
+                (self.end_to_end_flow_control, "e2e_fc"),
+                (self.srq, "srq"),
+                (self.rdc_exists, "rdc"),
+            ],
+        )?;
         if self.vendor_id != 0 || self.extended_transport_type != 0 {
             write!(
                 f,
@@ -550,18 +527,9 @@ impl fmt::Display for Repr<'_> {
     }
 }
 
-impl<T: AsRef<[u8]>> fmt::Display for Packet<T> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match Repr::parse(&Packet::new_unchecked(self.buffer.as_ref())) {
-            Ok(repr) => write!(f, "{repr}"),
-            Err(err) => write!(f, "CM REQ ({err})"),
-        }
-    }
-}
-
 #[cfg(test)]
 mod test {
-    use super::super::body_from_hex;
+    use super::super::{body_from_hex, check_vector, Message, BODY_LEN};
     use super::*;
     use crate::types::Gid;
     use core::net::Ipv4Addr;
@@ -675,24 +643,13 @@ mod test {
     }
 
     #[test]
-    fn test_parse() {
-        let body = body_from_hex(REQ_HEX);
-        let parsed = Repr::parse(&Packet::new_unchecked(&body[..])).unwrap();
-        assert_eq!(parsed, repr(&body[field::PRIVATE_DATA]));
-        assert_eq!(parsed.private_data.len(), PRIVATE_DATA_LEN);
-        assert_eq!(
-            Repr::parse(&Packet::new_unchecked(&body[..231])),
-            Err(ParseError::Truncated)
+    fn test_parse_emit() {
+        // Emits the RDMA CM header alone: the rest of the 92-byte area is zero-padded.
+        check_vector(
+            REQ_HEX,
+            field::PRIVATE_DATA,
+            |body| Repr::parse(&Packet::new_unchecked(body)).map(Message::Req),
+            |private_data| Message::Req(repr(private_data)),
         );
-    }
-
-    #[test]
-    fn test_emit() {
-        let expected = body_from_hex(REQ_HEX);
-        let mut body = [0xa5u8; BODY_LEN];
-        // A short private data is zero-padded to the 92-byte area.
-        let cma = &expected[field::PRIVATE_DATA][..36];
-        repr(cma).emit(&mut Packet::new_unchecked(&mut body[..]));
-        assert_eq!(body, expected);
     }
 }
