@@ -7,16 +7,19 @@
 //! crate holds the wire layer, [`wire`], shared by Brick's server and its
 //! userspace client, and the server state machine, [`server`] (sessions,
 //! paths, chunk pools, IO dispatch, responses, heartbeats), sans-IO over the
-//! `verbs` fabric seam. The client state machine comes next.
+//! `verbs` fabric seam, and the client state machine, [`client`] (a session
+//! over several paths, permits, IO submission, heartbeats, failover and
+//! reconnect), which Brick's userspace initiator drives.
 //!
 //! The crate is `no_std` (`std` only for host tests) and
 //! `#![forbid(unsafe_code)]`. The wire layer never allocates; the server
-//! allocates its fixed tables once, in `Server::new` (it uses `alloc`), and
-//! never afterwards.
+//! and the client allocate their fixed tables once, in `Server::new` and
+//! `Client::new` (they use `alloc`), and never afterwards.
 
 #![cfg_attr(not(any(test, feature = "std")), no_std)]
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod client;
 pub mod server;
 pub mod wire;
