@@ -1,43 +1,107 @@
-//! The software HCA: registered memory, QP table, completions, frame IO.
+//! The software HCA: registered memory, QP table, completions, CM, frame IO.
 //!
 //! [`Hca`] is one RoCEv2 device with one protection domain, as the `verbs`
 //! crate models it: it owns the registered-memory [`Arena`], a fixed table
-//! of `Q` RC queue pairs ([`crate::qp::Qp`]) and one completion queue of `C`
-//! entries, and implements [`verbs::Verbs`]. It is sans-IO like the rest of
-//! the crate: frames come in through [`Hca::receive`] (parse, ICRC check,
+//! of `Q` RC queue pairs ([`crate::qp::Qp`]), one completion queue of `C`
+//! entries, the connection manager ([`crate::cm::Cm`], IB CM + RDMA CM on
+//! QP1) and the neighbour table ([`crate::arp::Arp`]), and implements
+//! [`verbs::Verbs`]. It is sans-IO like the rest of the crate: frames come in
+//! through [`Hca::receive`] (ARP → [`Arp`]; RoCEv2: parse, ICRC check,
 //! address/P_Key/QPN checks, dispatch — everything else is a counted silent
 //! drop, roce-v2.md §1.10 and checklist.md B) and go out through
 //! [`Hca::poll`] into a [`FrameSink`]; time is passed in as `now`
-//! (nanoseconds) and [`Hca::poll_at`] says when to call again.
+//! (nanoseconds) and [`Hca::poll_at`] says when to call again. Randomness
+//! (QPN base, start PSNs, keys, CM comm IDs and TIDs, RDMA CM source ports)
+//! comes from the key source given to [`Hca::new`].
 //!
-//! Connection management (IB CM / RDMA CM on QP1) is not wired in yet: the
-//! CM calls of [`verbs::Verbs`] return errors (see their docs below), and QPs
-//! are set up explicitly with [`Hca::create_qp`] + [`Hca::connect_qp`] (or
-//! the two halves [`Hca::ready_to_receive`] / [`Hca::ready_to_send`], the
-//! passive side's REP/RTU steps) using the parameters a CM exchange would
-//! have negotiated (roce-v2.md §2.1). Frames for QP1 (UD, the CM's MADs) are
-//! dropped as `drop_bad_opcode` until the CM module is wired in.
+//! # Connection management
+//!
+//! - **QP1 (GSI).** A RoCEv2 frame for DestQP 1 must be UD SEND_ONLY with a
+//!   DETH carrying Q_Key 0x80010000, the default P_Key, a good ICRC and a
+//!   256-byte MAD (roce-v2.md §3); it goes to [`Cm::process_mad`] with the
+//!   route it came over. MADs from [`Cm::dispatch`] are sent exactly as rxe
+//!   sends them: UDP source port 0xD872, DF, TOS/TTL from the CM, BTH UD
+//!   SEND_ONLY to QP 1 with AckReq set (rxe's GSI quirk) and a per-HCA PSN
+//!   counting from 0, DETH Q_Key 0x80010000 / SrcQP 1.
+//! - **Passive.** [`Verbs::listen`] → [`Cm::listen`]. A REQ for a listened
+//!   port creates an RC QP in `Init` (its QPN avoids [`Cm::qpn_in_use`]) and
+//!   surfaces [`CmEvent::ConnectRequest`]; the consumer posts receives and
+//!   calls [`Verbs::accept`], which moves the QP to `Rtr` with the REQ's
+//!   parameters and then sends the REP (ib-cm.md §6: the receive is posted
+//!   before the REP leaves). The RTU, or the first valid RC packet
+//!   ([`Cm::notify_data_received`]), moves it to `Rts` and surfaces
+//!   [`CmEvent::Established`]. [`Verbs::reject`] sends a REJ (reason 28) and
+//!   releases the QP.
+//! - **Active.** [`Verbs::connect`] creates a QP, resolves the server's MAC
+//!   by ARP (the connection waits, as a named state, until ARP answers or
+//!   fails: [`CmEvent::Unreachable`]), then sends the REQ. The REP moves the
+//!   QP to `Rts`, sends the RTU and surfaces [`CmEvent::Established`] with the
+//!   REP's private data; a REJ surfaces [`CmEvent::Rejected`], no answer
+//!   [`CmEvent::Unreachable`].
+//! - **Disconnect.** [`Verbs::disconnect`] moves the QP to `Err` (its work
+//!   requests flush) and sends a DREQ; the DREP (or the DREQ's last retry)
+//!   surfaces [`CmEvent::Disconnected`]. A peer's DREQ is answered with a
+//!   DREP, the QP flushed and [`CmEvent::Disconnected`] surfaced.
+//!
+//! UDP source ports of CM-made QPs follow rxe: the port folded from the RDMA
+//! CM flow label `(src_port * 31 + dst_port) & 0xFFFFF` (roce-v2.md §1.3).
+//! QPs made with [`Hca::create_qp`] + [`Hca::connect_qp`] (tests, or a CM
+//! elsewhere) bypass all of this and see no CM events.
 //!
 //! QPNs start at a random per-instance base and count up, skipping 0, 1,
 //! 0xFFFFFF and every QPN still in use. Nothing allocates after [`Hca::new`].
+//!
+//! A CM-made QP that dies of a transport error (retries exhausted, a fatal
+//! NAK) is reported as [`CmEvent::Disconnected`] (after its work requests
+//! completed with the error) and a DREQ tells the peer.
 
-use core::net::SocketAddr;
+use core::net::{IpAddr, SocketAddr};
 
+use heapless::Deque;
 use verbs::memory::Arena;
 use verbs::{
     AccessError, AccessFlags, AllocError, CmEvent, ConnId, ConnParams, ConnectError, KeySource,
-    Lkey, Memory, MemoryHandle, MemoryRegion, PostError, RecvWr, RegError, Rkey, SendWr, Verbs,
-    WorkCompletion,
+    Lkey, Memory, MemoryHandle, MemoryRegion, PostError, PrivateData, RecvWr, RegError,
+    RejectReason, Rkey, SendWr, Verbs, WorkCompletion,
 };
 
+use crate::arp::{self, Arp, ArpFrame, NeighborState};
+use crate::cm::{
+    self, guid_from_mac, Cm, CmError, ConnectParams, LocalQp, Outbound, PeerAddr, QpAttributes,
+    Route, REQ_USER_DATA_LEN,
+};
 use crate::qp::{
     CompletionQueue, ConnectQpError, Context, Counters, FrameSink, Path, Qp, QpParams, QpState,
 };
-use crate::types::Qpn;
-use crate::wire::{parse_frame, udp, ParseError, Transport};
+use crate::types::{Mtu, Pkey, Psn, Qkey, Qpn};
+use crate::wire::{
+    ipv4, parse_frame, udp, BthRepr, DethRepr, EtherType, EthernetAddress, EthernetRepr,
+    ExtHeaders, FrameHeaders, Ipv4Address, Ipv4Repr, Opcode, ParseError, Trailer, Transport,
+    UdpRepr, MAX_HEADERS_LEN,
+};
 
-/// Most frames one [`Hca::poll`] call sends (over all QPs).
+/// Most frames one [`Hca::poll`] call sends (over all QPs, QP1 and ARP).
 pub const MAX_TX_BURST: usize = 64;
+
+/// Neighbours the HCA's ARP table holds.
+pub const ARP_ENTRIES: usize = 16;
+
+/// ARP frames (replies, requests) waiting for [`Hca::poll`]; more are dropped
+/// (the peer retries).
+pub const ARP_QUEUE_LEN: usize = 8;
+
+/// Connection events waiting for [`Verbs::poll_cm_event`]. While the queue is
+/// full, further CM events wait inside the CM (back-pressure, nothing lost).
+pub const EVENT_QUEUE_LEN: usize = 16;
+
+/// RNR timer code Brick puts into its RNR NAKs on CM-made QPs (12: 0.64 ms).
+pub const MIN_RNR_TIMER: u8 = 12;
+
+/// First RDMA CM source port [`Verbs::connect`] picks from (the IANA dynamic
+/// range, 32768..=60999 as Linux uses).
+const EPHEMERAL_PORT_BASE: u16 = 32_768;
+/// Number of ports in the ephemeral range.
+const EPHEMERAL_PORT_COUNT: u32 = 28_232;
 
 /// The HCA's own addresses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -72,21 +136,151 @@ impl core::fmt::Display for QpError {
 
 impl core::error::Error for QpError {}
 
-/// A software RoCEv2 HCA with `N` memory-region slots, `Q` queue pairs and a
-/// completion queue of `C` entries (see the module docs).
+/// Counters of the HCA's control path (QP1 and ARP), beside the transport's
+/// [`Counters`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ControlCounters {
+    /// MADs handed to the CM.
+    pub mads_in: u64,
+    /// MADs sent.
+    pub mads_out: u64,
+    /// QP1 frames dropped: not UD SEND_ONLY, no DETH, wrong Q_Key, or a
+    /// payload that is not one 256-byte MAD.
+    pub drop_bad_gsi: u64,
+    /// ARP frames handed to the ARP table.
+    pub arp_in: u64,
+    /// ARP frames sent.
+    pub arp_out: u64,
+    /// ARP frames dropped because their queue was full.
+    pub arp_dropped: u64,
+    /// Connect requests refused because the QP table was full.
+    pub requests_refused: u64,
+}
+
+/// The key source as the CM's random source.
+struct CmRandom<'a, K>(&'a mut K);
+
+impl<K: KeySource> cm::Random for CmRandom<'_, K> {
+    fn next_u32(&mut self) -> u32 {
+        self.0.next_u32()
+    }
+}
+
+/// What an active connection asked for, kept until the REQ can be sent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct ActiveRequest {
+    /// The server's address.
+    peer_ip: Ipv4Address,
+    /// The server's RDMA CM port.
+    port: u16,
+    /// Our RDMA CM source port.
+    src_port: u16,
+    /// Our side of the QP as the REQ announces it.
+    local: LocalQp,
+    /// Transport retries asked for.
+    retry_count: u8,
+    /// The REQ's user private data.
+    private_data: heapless::Vec<u8, REQ_USER_DATA_LEN>,
+}
+
+/// The CM side of one QP slot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Link {
+    /// Made with [`Hca::create_qp`]: no CM, no events.
+    Manual,
+    /// Passive, waiting for the consumer's accept/reject.
+    Requested {
+        /// The CM connection.
+        cm: ConnId,
+        /// The REQ's attributes.
+        attributes: QpAttributes,
+        /// The addresses the REQ came over.
+        route: Route,
+        /// UDP source port of the QP (from the flow label).
+        udp_src_port: u16,
+    },
+    /// Active, waiting for ARP to resolve the server before the REQ.
+    Resolving(ActiveRequest),
+    /// Active, REQ sent, waiting for the REP.
+    Requesting {
+        /// The CM connection.
+        cm: ConnId,
+        /// The server's MAC and IP.
+        peer: PeerAddr,
+        /// Our side of the QP.
+        local: LocalQp,
+        /// UDP source port of the QP (from the flow label).
+        udp_src_port: u16,
+    },
+    /// REP sent (passive) or RTU sent (active): the CM connection lives.
+    Connected {
+        /// The CM connection.
+        cm: ConnId,
+    },
+    /// Our DREQ is out (consumer's `disconnect`): waiting for the DREP.
+    Closing {
+        /// The CM connection.
+        cm: ConnId,
+    },
+    /// `Disconnected` (or `Unreachable`/`Rejected`) was surfaced; only
+    /// `destroy` is left.
+    Closed {
+        /// The CM connection, if one was made (it may still be in timewait).
+        cm: Option<ConnId>,
+    },
+}
+
+impl Link {
+    fn cm(&self) -> Option<ConnId> {
+        match self {
+            Link::Requested { cm, .. }
+            | Link::Requesting { cm, .. }
+            | Link::Connected { cm }
+            | Link::Closing { cm } => Some(*cm),
+            Link::Closed { cm } => *cm,
+            Link::Manual | Link::Resolving(_) => None,
+        }
+    }
+}
+
+/// The UDP source port rxe gives a CM-made RC QP: folded from the RDMA CM
+/// flow label `(src_port * 31 + dst_port) & 0xFFFFF` (roce-v2.md §1.3).
+pub const fn rdma_cm_udp_src_port(src_port: u16, dst_port: u16) -> u16 {
+    let flow_label = (src_port as u32 * 31 + dst_port as u32) & 0xf_ffff;
+    udp::source_port_from_flow_label(flow_label)
+}
+
+/// A software RoCEv2 HCA with `N` memory-region slots, `Q` queue pairs (and
+/// `Q` CM connection slots) and a completion queue of `C` entries (see the
+/// module docs).
 ///
-/// The struct is large (QPs are inline): keep it in a `static`, a `Box` or a
-/// long-lived owner rather than on a small stack.
+/// The struct is large (QPs and CM slots are inline): keep it in a `static`,
+/// a `Box` or a long-lived owner rather than on a small stack.
 pub struct Hca<S, K, const N: usize, const Q: usize, const C: usize = 1024> {
     arena: Arena<S, N>,
     keys: K,
     qps: [Option<Qp>; Q],
+    links: [Link; Q],
     cq: CompletionQueue<C>,
     counters: Counters,
+    control: ControlCounters,
     config: HcaConfig,
     next_qpn: u32,
     /// Where the next `poll` starts (round robin over QPs).
     next_poll: usize,
+    cm: Cm<Q>,
+    arp: Arp<ARP_ENTRIES>,
+    arp_out: Deque<ArpFrame, ARP_QUEUE_LEN>,
+    /// A MAD taken from the CM that the last `poll` had no budget for.
+    mad_out: Option<Outbound>,
+    /// The CM may have MADs to dispatch.
+    cm_dirty: bool,
+    events: Deque<CmEvent, EVENT_QUEUE_LEN>,
+    /// BTH PSN of the next MAD sent on QP1.
+    gsi_psn: Psn,
+    path_mtu: Mtu,
+    /// The latest `now` seen (for the verbs calls, which take no time).
+    now: u64,
 }
 
 impl<S, K, const N: usize, const Q: usize, const C: usize> Hca<S, K, N, Q, C>
@@ -94,19 +288,40 @@ where
     S: AsRef<[u8]> + AsMut<[u8]>,
     K: KeySource,
 {
-    /// An HCA over registered-memory `storage`, drawing keys and the QPN
-    /// base from `keys` (a strong random source outside tests).
+    /// An HCA over registered-memory `storage`, drawing keys, the QPN base,
+    /// start PSNs and CM identifiers from `keys` (a strong random source
+    /// outside tests). The CM uses Linux-compatible defaults
+    /// ([`cm::Config::new`]) with a CA GUID derived from the MAC; the path
+    /// MTU of outgoing connections is 1024 ([`Hca::set_path_mtu`]).
     pub fn new(storage: S, mut keys: K, config: HcaConfig) -> Self {
         let next_qpn = keys.next_u32() & 0x00ff_ffff;
+        let mac = EthernetAddress(config.mac);
+        let mut arp = Arp::new(mac, arp::Config::default());
+        // A non-unicast own address only means nobody can ARP for us.
+        let _ = arp.add_address(Ipv4Address::from(config.ip));
         Self {
             arena: Arena::new(storage),
             keys,
             qps: core::array::from_fn(|_| None),
+            links: core::array::from_fn(|_| Link::Manual),
             cq: CompletionQueue::new(),
             counters: Counters::default(),
+            control: ControlCounters::default(),
             config,
             next_qpn,
             next_poll: 0,
+            cm: Cm::new(cm::Config {
+                max_path_mtu: Mtu::Mtu1024,
+                ..cm::Config::new(guid_from_mac(mac))
+            }),
+            arp,
+            arp_out: Deque::new(),
+            mad_out: None,
+            cm_dirty: false,
+            events: Deque::new(),
+            gsi_psn: Psn::new(0),
+            path_mtu: Mtu::Mtu1024,
+            now: 0,
         }
     }
 
@@ -115,9 +330,39 @@ where
         self.config
     }
 
-    /// The counters.
+    /// The transport counters.
     pub fn counters(&self) -> &Counters {
         &self.counters
+    }
+
+    /// The control-path (QP1, ARP) counters.
+    pub fn control_counters(&self) -> &ControlCounters {
+        &self.control
+    }
+
+    /// The connection manager (read-only: state and statistics).
+    pub fn cm(&self) -> &Cm<Q> {
+        &self.cm
+    }
+
+    /// Sets the path MTU: what [`Verbs::connect`] asks for and the largest a
+    /// peer's REQ may ask for (larger ones are rejected with reason 26,
+    /// checklist B). The default, 1024, is what rxe uses on a 1500-byte
+    /// Ethernet ([`Mtu::for_ethernet_mtu`] gives it for other NIC MTUs).
+    ///
+    /// Call it before [`Verbs::listen`] / [`Verbs::connect`]: it resets the
+    /// connection manager (listeners and CM state are forgotten).
+    pub fn set_path_mtu(&mut self, mtu: Mtu) {
+        self.path_mtu = mtu;
+        self.cm = Cm::new(cm::Config {
+            max_path_mtu: mtu,
+            ..*self.cm.config()
+        });
+    }
+
+    /// The path MTU (see [`Hca::set_path_mtu`]).
+    pub fn path_mtu(&self) -> Mtu {
+        self.path_mtu
     }
 
     /// The registered memory.
@@ -145,23 +390,33 @@ where
     }
 
     /// Creates an RC QP in `Init` (receives may be posted) and returns its
-    /// connection id; its QPN is [`Hca::qpn`].
+    /// connection id; its QPN is [`Hca::qpn`]. The QP is not known to the
+    /// CM: connect it with [`Hca::connect_qp`].
     ///
     /// # Errors
     /// [`QpError::TableFull`].
     pub fn create_qp(&mut self) -> Result<ConnId, QpError> {
+        self.create_linked_qp(Link::Manual).map(|(conn, _)| conn)
+    }
+
+    /// Creates a QP in `Init` with CM link `link`; returns its id and slot.
+    fn create_linked_qp(&mut self, link: Link) -> Result<(ConnId, usize), QpError> {
         let slot = self
             .qps
             .iter()
             .position(Option::is_none)
             .ok_or(QpError::TableFull)?;
-        // At most Q QPNs are in use, so Q + 4 candidates always find a free one.
+        // At most Q QPNs are held by QPs and at most Q by CM slots (timewait),
+        // so 2Q + 4 candidates always find a free one.
         let mut qpn = None;
-        for _ in 0..Q + 4 {
+        for _ in 0..2 * Q + 4 {
             let candidate = self.next_qpn;
             self.next_qpn = (self.next_qpn + 1) & 0x00ff_ffff;
             let reserved = candidate <= 1 || candidate == 0x00ff_ffff;
-            if !reserved && self.slot_of(ConnId(candidate)).is_none() {
+            if !reserved
+                && self.slot_of(ConnId(candidate)).is_none()
+                && !self.cm.qpn_in_use(Qpn::new_truncate(candidate))
+            {
                 qpn = Some(candidate);
                 break;
             }
@@ -170,7 +425,8 @@ where
         let mut qp = Qp::new(ConnId(qpn), Qpn::new_truncate(qpn));
         qp.init();
         self.qps[slot] = Some(qp);
-        Ok(ConnId(qpn))
+        self.links[slot] = link;
+        Ok((ConnId(qpn), slot))
     }
 
     /// Brings QP `conn` to `Rts` with `params` (what the CM negotiated).
@@ -233,12 +489,33 @@ where
             .position(|qp| qp.as_ref().is_some_and(|qp| qp.conn() == conn))
     }
 
-    /// Handles one received Ethernet frame. Malformed frames, bad ICRCs,
-    /// frames not for our IP, with a foreign P_Key, for an unknown or
-    /// not-ready QPN, or not from the QP's peer are dropped silently and
-    /// counted. Does bounded work (one frame).
+    /// The slot whose link names CM connection `cm`.
+    fn slot_of_cm(&self, cm: ConnId) -> Option<usize> {
+        (0..Q).find(|&slot| self.qps[slot].is_some() && self.links[slot].cm() == Some(cm))
+    }
+
+    /// Handles one received Ethernet frame: ARP goes to the neighbour table
+    /// (a reply is queued for [`Hca::poll`]), QP1 MADs to the CM, RC packets
+    /// to their QP. Malformed frames, bad ICRCs, frames not for our IP, with
+    /// a foreign P_Key, for an unknown or not-ready QPN, or not from the QP's
+    /// peer are dropped silently and counted. Does bounded work (one frame).
     pub fn receive(&mut self, now: u64, frame: &[u8]) {
+        self.now = self.now.max(now);
         self.counters.frames_in += 1;
+        if frame.get(12..14) == Some(&[0x08, 0x06]) {
+            self.control.arp_in += 1;
+            if let Some(reply) = self.arp.process(now, frame) {
+                self.queue_arp(reply);
+            }
+            if self
+                .links
+                .iter()
+                .any(|link| matches!(link, Link::Resolving(_)))
+            {
+                self.resolve_pending(now);
+            }
+            return;
+        }
         let parsed = match parse_frame(frame) {
             Ok(parsed) => parsed,
             Err(ParseError::BadChecksum) => {
@@ -258,6 +535,10 @@ where
             self.counters.drop_bad_pkey += 1;
             return;
         }
+        if parsed.bth.dest_qp == Qpn::GSI {
+            self.receive_gsi(now, &parsed);
+            return;
+        }
         if parsed.bth.opcode.transport() != Transport::Rc {
             self.counters.drop_bad_opcode += 1;
             return;
@@ -274,21 +555,419 @@ where
             self.counters.drop_bad_address += 1;
             return;
         }
+        let was_rtr = qp.state() == QpState::Rtr;
         let mut ctx = Context {
             arena: &mut self.arena,
             cq: &mut self.cq,
             counters: &mut self.counters,
         };
         qp.receive(now, &parsed, &mut ctx);
+        if was_rtr {
+            // The first packet before the RTU establishes the connection
+            // (ib-cm.md §4.8): the CM reports it, the event moves us to RTS.
+            if let Link::Connected { cm } = self.links[slot] {
+                let _ = self.cm.notify_data_received(cm);
+                self.drain_cm_events();
+            }
+        }
     }
 
-    /// Runs every QP's timers and sends due frames through `sink`: at most
-    /// [`MAX_TX_BURST`] frames per call, QPs served round robin. Returns
-    /// whether any frame was sent (call again soon if so).
+    /// A frame for QP1: the GSI rules of roce-v2.md §3, then the CM.
+    fn receive_gsi(&mut self, now: u64, parsed: &crate::wire::RoceFrame<'_>) {
+        let good = parsed.bth.opcode == Opcode::UdSendOnly
+            && parsed.ext.deth.is_some_and(|deth| deth.qkey == Qkey::GSI)
+            && parsed.payload.len() == cm::MAD_LEN;
+        if !good {
+            self.control.drop_bad_gsi += 1;
+            return;
+        }
+        let route = Route {
+            local_ip: parsed.ip.dst_addr,
+            peer: PeerAddr {
+                mac: parsed.eth.src_addr,
+                ip: parsed.ip.src_addr,
+            },
+        };
+        self.control.mads_in += 1;
+        self.cm
+            .process_mad(now, &mut CmRandom(&mut self.keys), route, parsed.payload);
+        self.cm_dirty = true;
+        self.drain_cm_events();
+    }
+
+    fn queue_arp(&mut self, frame: ArpFrame) {
+        if self.arp_out.push_back(frame).is_err() {
+            self.control.arp_dropped += 1;
+        }
+    }
+
+    /// Sends one MAD on QP1, wrapped as rxe wraps it (roce-v2.md §3).
+    fn transmit_mad<F: FrameSink + ?Sized>(&mut self, outbound: &Outbound, sink: &mut F) {
+        let headers = FrameHeaders {
+            eth: EthernetRepr {
+                src_addr: EthernetAddress(self.config.mac),
+                dst_addr: outbound.route.peer.mac,
+                ethertype: EtherType::Ipv4,
+            },
+            ip: Ipv4Repr {
+                src_addr: outbound.route.local_ip,
+                dst_addr: outbound.route.peer.ip,
+                protocol: ipv4::Protocol::Udp,
+                payload_len: 0,
+                ttl: outbound.hop_limit,
+                tos: outbound.traffic_class,
+                ident: 0,
+                dont_frag: true,
+            },
+            udp: UdpRepr {
+                src_port: udp::GSI_SOURCE_PORT,
+                dst_port: udp::ROCE_V2_PORT,
+            },
+            bth: BthRepr {
+                opcode: Opcode::UdSendOnly,
+                solicited: false,
+                mig_req: false,
+                pad_count: 0,
+                pkey: Pkey::DEFAULT,
+                fecn: false,
+                becn: false,
+                dest_qp: Qpn::GSI,
+                // rxe's GSI QP sets AckReq (roce-v2.md §3).
+                ack_req: true,
+                psn: self.gsi_psn,
+            },
+            ext: ExtHeaders {
+                deth: Some(DethRepr {
+                    qkey: Qkey::GSI,
+                    src_qp: Qpn::GSI,
+                }),
+                ..ExtHeaders::default()
+            },
+        };
+        let mut buf = [0u8; MAX_HEADERS_LEN];
+        let Ok(len) = headers.emit_headers(&mut buf, outbound.mad.len()) else {
+            return;
+        };
+        let payload: [&[u8]; 1] = [&outbound.mad];
+        let trailer = Trailer::new(&buf[..len], &payload);
+        sink.transmit(&buf[..len], &payload, trailer.as_bytes());
+        self.gsi_psn = self.gsi_psn.wrapping_add(1);
+        self.control.mads_out += 1;
+        self.counters.frames_out += 1;
+    }
+
+    /// Moves CM events into the HCA's event queue, acting on each (QP state
+    /// changes, RTU, rejects). Bounded by the event queue's room.
+    fn drain_cm_events(&mut self) {
+        while !self.events.is_full() {
+            let Some(event) = self.cm.poll_event() else {
+                break;
+            };
+            self.cm_dirty = true;
+            self.on_cm_event(event);
+        }
+    }
+
+    fn push_event(&mut self, event: CmEvent) {
+        // The caller checked for room (one event per CM event).
+        let _ = self.events.push_back(event);
+    }
+
+    /// Flushes a QP's work requests (its state goes to `Err`).
+    fn flush_slot(&mut self, slot: usize) {
+        if let Some(qp) = self.qps[slot].as_mut() {
+            if qp.state() != QpState::Err {
+                let mut ctx = Context {
+                    arena: &mut self.arena,
+                    cq: &mut self.cq,
+                    counters: &mut self.counters,
+                };
+                qp.enter_error(&mut ctx, verbs::WcStatus::WrFlushErr);
+            }
+        }
+    }
+
+    fn on_cm_event(&mut self, event: cm::Event) {
+        let now = self.now;
+        match event {
+            cm::Event::ConnectRequest { conn: cm, request } => {
+                let link = Link::Requested {
+                    cm,
+                    attributes: request.qp,
+                    route: request.route,
+                    udp_src_port: rdma_cm_udp_src_port(request.cma_src_port, request.port),
+                };
+                match self.create_linked_qp(link) {
+                    Ok((conn, _)) => self.push_event(CmEvent::ConnectRequest {
+                        conn,
+                        local: request.local_addr(),
+                        remote: request.remote_addr(),
+                        private_data: request.private_data,
+                    }),
+                    Err(_) => {
+                        self.control.requests_refused += 1;
+                        let _ = self.cm.reject(now, cm, cm::RejectReason::NoResources, &[]);
+                    }
+                }
+            }
+            cm::Event::Reply { conn: cm, reply } => {
+                let Some(slot) = self.slot_of_cm(cm) else {
+                    let _ = self.cm.reject(now, cm, cm::RejectReason::NoResources, &[]);
+                    return;
+                };
+                let Link::Requesting {
+                    peer,
+                    local,
+                    udp_src_port,
+                    ..
+                } = self.links[slot]
+                else {
+                    return;
+                };
+                let params = self.qp_params(&reply.qp, local, peer, udp_src_port);
+                let connected = self.qps[slot]
+                    .as_mut()
+                    .is_some_and(|qp| qp.connect(params).is_ok());
+                if connected && self.cm.ready_to_use(cm).is_ok() {
+                    self.links[slot] = Link::Connected { cm };
+                    let conn = ConnId(local.qpn.value());
+                    self.push_event(CmEvent::Established {
+                        conn,
+                        private_data: reply.private_data,
+                    });
+                } else {
+                    let _ = self.cm.reject(now, cm, cm::RejectReason::NoResources, &[]);
+                    self.flush_slot(slot);
+                    self.close(
+                        slot,
+                        CmEvent::Unreachable {
+                            conn: self.conn_at(slot),
+                        },
+                    );
+                }
+            }
+            cm::Event::Established { conn: cm } => {
+                if let Some(slot) = self.slot_of_cm(cm) {
+                    let ready = self.qps[slot]
+                        .as_mut()
+                        .is_some_and(|qp| qp.ready_to_send().is_ok());
+                    if ready {
+                        let conn = self.conn_at(slot);
+                        self.push_event(CmEvent::Established {
+                            conn,
+                            private_data: PrivateData::new(),
+                        });
+                    }
+                }
+            }
+            cm::Event::Rejected {
+                conn: cm,
+                reason,
+                private_data,
+            } => {
+                if let Some(slot) = self.slot_of_cm(cm) {
+                    self.flush_slot(slot);
+                    let conn = self.conn_at(slot);
+                    let event = if matches!(self.links[slot], Link::Requesting { .. }) {
+                        CmEvent::Rejected {
+                            conn,
+                            reason: RejectReason(reason.into()),
+                            private_data,
+                        }
+                    } else {
+                        CmEvent::Disconnected { conn }
+                    };
+                    self.close(slot, event);
+                }
+            }
+            cm::Event::TimedOut { conn: cm, .. } => {
+                if let Some(slot) = self.slot_of_cm(cm) {
+                    self.flush_slot(slot);
+                    let conn = self.conn_at(slot);
+                    let event = if matches!(self.links[slot], Link::Requesting { .. }) {
+                        CmEvent::Unreachable { conn }
+                    } else {
+                        CmEvent::Disconnected { conn }
+                    };
+                    self.close(slot, event);
+                }
+            }
+            cm::Event::Disconnected { conn: cm, .. } => {
+                if let Some(slot) = self.slot_of_cm(cm) {
+                    self.flush_slot(slot);
+                    let conn = self.conn_at(slot);
+                    self.close(slot, CmEvent::Disconnected { conn });
+                }
+            }
+        }
+    }
+
+    fn conn_at(&self, slot: usize) -> ConnId {
+        self.qps[slot].as_ref().map_or(ConnId(0), Qp::conn)
+    }
+
+    /// Surfaces `event` once and marks the slot closed.
+    fn close(&mut self, slot: usize, event: CmEvent) {
+        if matches!(self.links[slot], Link::Closed { .. }) {
+            return;
+        }
+        let cm = self.links[slot].cm();
+        self.links[slot] = Link::Closed { cm };
+        self.push_event(event);
+    }
+
+    /// The RC parameters of a CM-made QP.
+    fn qp_params(
+        &self,
+        attributes: &QpAttributes,
+        local: LocalQp,
+        peer: PeerAddr,
+        udp_src_port: u16,
+    ) -> QpParams {
+        let mut remote_access = AccessFlags::REMOTE_WRITE;
+        if local.responder_resources > 0 {
+            remote_access = remote_access.union(AccessFlags::REMOTE_READ);
+        }
+        QpParams {
+            peer_qpn: attributes.remote_qpn,
+            send_psn: attributes.send_psn,
+            recv_psn: local.starting_psn,
+            mtu: attributes.path_mtu,
+            local_ack_timeout: attributes.ack_timeout,
+            retry_count: attributes.retry_count,
+            rnr_retry: attributes.rnr_retry_count,
+            min_rnr_timer: MIN_RNR_TIMER,
+            max_rd_atomic: local.initiator_depth.min(attributes.max_initiator_depth),
+            max_dest_rd_atomic: local
+                .responder_resources
+                .min(attributes.peer_initiator_depth),
+            remote_access,
+            path: Path {
+                local_mac: self.config.mac,
+                peer_mac: peer.mac.0,
+                local_ip: self.config.ip,
+                peer_ip: peer.ip.octets(),
+                udp_src_port,
+                tos: attributes.traffic_class,
+                ttl: attributes.hop_limit,
+            },
+        }
+    }
+
+    /// Active connections waiting for ARP: send the REQ once the server's
+    /// MAC is known, give up when ARP failed.
+    fn resolve_pending(&mut self, now: u64) {
+        for slot in 0..Q {
+            let Link::Resolving(request) = &self.links[slot] else {
+                continue;
+            };
+            let request = request.clone();
+            match self.arp.state(now, request.peer_ip) {
+                NeighborState::Reachable(mac) | NeighborState::Stale(mac) => {
+                    let peer = PeerAddr {
+                        mac,
+                        ip: request.peer_ip,
+                    };
+                    let params = ConnectParams {
+                        route: Route {
+                            local_ip: Ipv4Address::from(self.config.ip),
+                            peer,
+                        },
+                        port: request.port,
+                        src_port: request.src_port,
+                        qp: request.local,
+                        path_mtu: self.path_mtu,
+                        retry_count: request.retry_count,
+                        traffic_class: 0,
+                        hop_limit: 64,
+                        private_data: &request.private_data,
+                    };
+                    let result = self.cm.connect(now, &mut CmRandom(&mut self.keys), &params);
+                    self.cm_dirty = true;
+                    match result {
+                        Ok(cm) => {
+                            self.links[slot] = Link::Requesting {
+                                cm,
+                                peer,
+                                local: request.local,
+                                udp_src_port: rdma_cm_udp_src_port(request.src_port, request.port),
+                            };
+                        }
+                        Err(_) => self.fail_resolving(slot),
+                    }
+                }
+                NeighborState::Failed => self.fail_resolving(slot),
+                NeighborState::Unknown => {
+                    // Evicted or expired before the answer: ask again.
+                    let source = Ipv4Address::from(self.config.ip);
+                    if let Some(frame) = self.arp.request(now, source, request.peer_ip) {
+                        self.queue_arp(frame);
+                    }
+                }
+                NeighborState::Incomplete => {}
+            }
+        }
+    }
+
+    fn fail_resolving(&mut self, slot: usize) {
+        if self.events.is_full() {
+            return; // retried on the next poll
+        }
+        self.flush_slot(slot);
+        let conn = self.conn_at(slot);
+        self.close(slot, CmEvent::Unreachable { conn });
+    }
+
+    /// Runs the timers (CM retransmissions and timeouts, ARP, every QP's),
+    /// sends due frames through `sink` and moves connection events to
+    /// [`Verbs::poll_cm_event`]: at most [`MAX_TX_BURST`] frames per call,
+    /// ARP and MADs first, then QPs round robin. Returns whether any frame
+    /// was sent (call again soon if so).
     pub fn poll<F: FrameSink + ?Sized>(&mut self, now: u64, sink: &mut F) -> bool {
+        self.now = self.now.max(now);
         let mut budget = MAX_TX_BURST;
+        // Control path.
+        if self.cm.poll(now) {
+            self.cm_dirty = true;
+        }
+        while let Some(frame) = self.arp.poll(now) {
+            self.queue_arp(frame);
+        }
+        self.resolve_pending(now);
+        self.drain_cm_events();
+        while budget > 0 {
+            let Some(frame) = self.arp_out.pop_front() else {
+                break;
+            };
+            sink.transmit(&frame, &[], &[]);
+            self.control.arp_out += 1;
+            self.counters.frames_out += 1;
+            budget -= 1;
+        }
+        while budget > 0 {
+            let outbound = match self.mad_out.take() {
+                Some(outbound) => outbound,
+                None => match self.cm.dispatch() {
+                    Some(outbound) => outbound,
+                    None => {
+                        self.cm_dirty = false;
+                        break;
+                    }
+                },
+            };
+            self.transmit_mad(&outbound, sink);
+            budget -= 1;
+        }
+        if budget == 0 && self.mad_out.is_none() {
+            self.mad_out = self.cm.dispatch();
+        }
+        self.reap_failed_qps();
+        // Data path.
         let start = self.next_poll;
         for step in 0..Q {
+            if budget == 0 {
+                break;
+            }
             let slot = (start + step) % Q;
             let Some(qp) = self.qps[slot].as_mut() else {
                 continue;
@@ -301,23 +980,64 @@ where
             budget -= qp.poll(now, &mut ctx, sink, budget);
             if budget == 0 {
                 self.next_poll = (slot + 1) % Q;
-                break;
             }
         }
         budget < MAX_TX_BURST
     }
 
-    /// When [`Hca::poll`] next has work: `Some(now)` if frames are waiting,
-    /// the earliest timer otherwise, `None` if idle.
+    /// Connections whose QP died of a transport error (retries exhausted, a
+    /// NAK for a fatal error): send the DREQ so the peer learns, and surface
+    /// `Disconnected` now (its work requests already completed with errors).
+    fn reap_failed_qps(&mut self) {
+        for slot in 0..Q {
+            let Link::Connected { cm } = self.links[slot] else {
+                continue;
+            };
+            let failed = self.qps[slot]
+                .as_ref()
+                .is_some_and(|qp| qp.state() == QpState::Err);
+            if !failed || self.events.is_full() {
+                continue;
+            }
+            let _ = self
+                .cm
+                .disconnect(self.now, &mut CmRandom(&mut self.keys), cm);
+            self.cm_dirty = true;
+            let conn = self.conn_at(slot);
+            self.close(slot, CmEvent::Disconnected { conn });
+        }
+    }
+
+    /// When [`Hca::poll`] next has work: `Some(now)` if frames or events are
+    /// waiting, the earliest timer otherwise (QPs, CM, ARP), `None` if idle.
     pub fn poll_at(&self, now: u64) -> Option<u64> {
+        let control_ready = self.cm_dirty
+            || self.mad_out.is_some()
+            || !self.arp_out.is_empty()
+            || self
+                .links
+                .iter()
+                .any(|link| matches!(link, Link::Resolving(_)));
+        let control = if control_ready {
+            // Resolving connections wait for ARP: its timers wake us.
+            if self.cm_dirty || self.mad_out.is_some() || !self.arp_out.is_empty() {
+                Some(now)
+            } else {
+                self.arp.poll_at()
+            }
+        } else {
+            None
+        };
         self.qps
             .iter()
             .flatten()
             .filter_map(|qp| qp.poll_at(now))
+            .chain(control)
+            .chain(self.cm.poll_at())
+            .chain(self.arp.poll_at())
             .min()
     }
 }
-
 impl<S, K, const N: usize, const Q: usize, const C: usize> Memory for Hca<S, K, N, Q, C>
 where
     S: AsRef<[u8]> + AsMut<[u8]>,
@@ -344,12 +1064,9 @@ where
     }
 }
 
-/// The verbs provider. Connection management is not wired in yet (the IB CM
-/// module is a separate piece of work): `listen` and `connect` return
-/// [`ConnectError::AddressUnsupported`], `accept`/`reject` return
-/// [`ConnectError::InvalidState`] (no QP ever awaits an answer), and
-/// `poll_cm_event` returns `None`. `disconnect` moves a QP to `Err` (its work
-/// requests flush), `destroy` releases it.
+/// The verbs provider. Connections are made by the CM (see the module docs);
+/// QPs made with [`Hca::create_qp`] also take `post_*`, `disconnect` (a flush,
+/// no DREQ, no event) and `destroy`.
 impl<S, K, const N: usize, const Q: usize, const C: usize> Verbs for Hca<S, K, N, Q, C>
 where
     S: AsRef<[u8]> + AsMut<[u8]>,
@@ -407,52 +1124,179 @@ where
         count
     }
 
-    fn listen(&mut self, _port: u16) -> Result<(), ConnectError> {
-        Err(ConnectError::AddressUnsupported)
+    fn listen(&mut self, port: u16) -> Result<(), ConnectError> {
+        self.cm.listen(port).map_err(|error| match error {
+            CmError::AlreadyListening => ConnectError::PortInUse,
+            _ => ConnectError::NoResources,
+        })
     }
 
     fn connect(
         &mut self,
-        _remote: SocketAddr,
-        _params: &ConnParams<'_>,
+        remote: SocketAddr,
+        params: &ConnParams<'_>,
     ) -> Result<ConnId, ConnectError> {
-        Err(ConnectError::AddressUnsupported)
+        let IpAddr::V4(peer_ip) = remote.ip() else {
+            return Err(ConnectError::AddressUnsupported);
+        };
+        if peer_ip.is_unspecified()
+            || peer_ip.is_broadcast()
+            || peer_ip.is_multicast()
+            || peer_ip.octets() == self.config.ip
+        {
+            return Err(ConnectError::AddressUnsupported);
+        }
+        let private_data = heapless::Vec::from_slice(params.private_data)
+            .map_err(|()| ConnectError::PrivateDataTooLong)?;
+        let src_port = EPHEMERAL_PORT_BASE
+            + u16::try_from(self.keys.next_u32() % EPHEMERAL_PORT_COUNT).unwrap_or(0);
+        let starting_psn = Psn::new_truncate(self.keys.next_u32());
+        let (conn, slot) = self
+            .create_linked_qp(Link::Manual)
+            .map_err(|_| ConnectError::NoResources)?;
+        let local = LocalQp {
+            qpn: Qpn::new_truncate(conn.0),
+            starting_psn,
+            responder_resources: params.responder_resources,
+            initiator_depth: params.initiator_depth,
+            rnr_retry_count: params.rnr_retry_count.min(7),
+            srq: false,
+        };
+        self.links[slot] = Link::Resolving(ActiveRequest {
+            peer_ip,
+            port: remote.port(),
+            src_port,
+            local,
+            retry_count: params.retry_count.min(7),
+            private_data,
+        });
+        // ARP and the REQ go out from the next `poll`, which has the time.
+        self.cm_dirty = true;
+        Ok(conn)
     }
 
-    fn accept(&mut self, conn: ConnId, _params: &ConnParams<'_>) -> Result<(), ConnectError> {
-        self.slot_of(conn)
-            .ok_or(ConnectError::UnknownConnection)
-            .and(Err(ConnectError::InvalidState))
+    fn accept(&mut self, conn: ConnId, params: &ConnParams<'_>) -> Result<(), ConnectError> {
+        let slot = self.slot_of(conn).ok_or(ConnectError::UnknownConnection)?;
+        let Link::Requested {
+            cm,
+            attributes,
+            route,
+            udp_src_port,
+        } = self.links[slot]
+        else {
+            return Err(ConnectError::InvalidState);
+        };
+        if params.private_data.len() > verbs::REP_PRIVATE_DATA_LEN {
+            return Err(ConnectError::PrivateDataTooLong);
+        }
+        let local = LocalQp {
+            qpn: Qpn::new_truncate(conn.0),
+            starting_psn: Psn::new_truncate(self.keys.next_u32()),
+            responder_resources: params.responder_resources,
+            initiator_depth: params.initiator_depth,
+            rnr_retry_count: params.rnr_retry_count.min(7),
+            srq: false,
+        };
+        let qp_params = self.qp_params(&attributes, local, route.peer, udp_src_port);
+        // RTR (receives already posted) before the REP exists (ib-cm.md §6).
+        self.qps[slot]
+            .as_mut()
+            .ok_or(ConnectError::UnknownConnection)?
+            .ready_to_receive(qp_params)
+            .map_err(|_| ConnectError::InvalidState)?;
+        match self.cm.accept(self.now, cm, local, params.private_data) {
+            Ok(_) => {
+                self.links[slot] = Link::Connected { cm };
+                self.cm_dirty = true;
+                Ok(())
+            }
+            Err(error) => {
+                // The request is gone (client withdrew, timeout): the event
+                // that says so is on its way.
+                self.flush_slot(slot);
+                Err(match error {
+                    CmError::PrivateDataTooLong => ConnectError::PrivateDataTooLong,
+                    CmError::UnknownConnection => ConnectError::UnknownConnection,
+                    _ => ConnectError::InvalidState,
+                })
+            }
+        }
     }
 
-    fn reject(&mut self, conn: ConnId, _private_data: &[u8]) -> Result<(), ConnectError> {
-        self.slot_of(conn)
-            .ok_or(ConnectError::UnknownConnection)
-            .and(Err(ConnectError::InvalidState))
+    fn reject(&mut self, conn: ConnId, private_data: &[u8]) -> Result<(), ConnectError> {
+        let slot = self.slot_of(conn).ok_or(ConnectError::UnknownConnection)?;
+        let Link::Requested { cm, .. } = self.links[slot] else {
+            return Err(ConnectError::InvalidState);
+        };
+        if private_data.len() > verbs::REJ_PRIVATE_DATA_LEN {
+            return Err(ConnectError::PrivateDataTooLong);
+        }
+        // A request the CM already dropped needs no REJ; release the QP anyway.
+        let _ = self.cm.reject(
+            self.now,
+            cm,
+            cm::RejectReason::ConsumerDefined,
+            private_data,
+        );
+        self.cm_dirty = true;
+        if let Some(mut qp) = self.qps[slot].take() {
+            qp.release(&mut self.arena);
+        }
+        self.links[slot] = Link::Manual;
+        Ok(())
     }
 
     fn disconnect(&mut self, conn: ConnId) -> Result<(), ConnectError> {
         let slot = self.slot_of(conn).ok_or(ConnectError::UnknownConnection)?;
-        if let Some(qp) = self.qps[slot].as_mut() {
-            let mut ctx = Context {
-                arena: &mut self.arena,
-                cq: &mut self.cq,
-                counters: &mut self.counters,
-            };
-            qp.enter_error(&mut ctx, verbs::WcStatus::WrFlushErr);
+        self.flush_slot(slot);
+        match &self.links[slot] {
+            Link::Manual | Link::Closed { .. } | Link::Closing { .. } => {}
+            Link::Resolving(_) => {
+                if !self.events.is_full() {
+                    self.close(slot, CmEvent::Disconnected { conn });
+                }
+            }
+            Link::Requested { cm, .. } | Link::Requesting { cm, .. } | Link::Connected { cm } => {
+                let cm = *cm;
+                let _ = self
+                    .cm
+                    .disconnect(self.now, &mut CmRandom(&mut self.keys), cm);
+                self.cm_dirty = true;
+                // The DREP (or the DREQ's last retry) brings `Disconnected`;
+                // a connection that was not established yet ends silently
+                // (REJ), so say it here.
+                if matches!(self.cm.state(cm), Some(cm::State::DreqSent)) {
+                    self.links[slot] = Link::Closing { cm };
+                } else {
+                    self.drain_cm_events();
+                    if !self.events.is_full() {
+                        self.close(slot, CmEvent::Disconnected { conn });
+                    }
+                }
+            }
         }
         Ok(())
     }
 
     fn destroy(&mut self, conn: ConnId) -> Result<(), ConnectError> {
         let slot = self.slot_of(conn).ok_or(ConnectError::UnknownConnection)?;
+        if let Some(cm) = self.links[slot].cm() {
+            if !matches!(self.links[slot], Link::Closed { .. }) {
+                let _ = self
+                    .cm
+                    .disconnect(self.now, &mut CmRandom(&mut self.keys), cm);
+                self.cm_dirty = true;
+            }
+        }
         if let Some(mut qp) = self.qps[slot].take() {
             qp.release(&mut self.arena);
         }
+        self.links[slot] = Link::Manual;
         Ok(())
     }
 
     fn poll_cm_event(&mut self) -> Option<CmEvent> {
-        None
+        self.drain_cm_events();
+        self.events.pop_front()
     }
 }

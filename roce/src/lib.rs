@@ -8,10 +8,10 @@
 //! holds the spec-named integers (PSN, QPN, keys, GID, MTU) that the transport and the
 //! `verbs` crate share. [`qp`] is the RC transport (requester and responder,
 //! go-back-N retransmission, RNR, key checks), [`hca::Hca`] the software HCA that
-//! owns the registered memory, the QP table and the completion queue and implements
-//! `verbs::Verbs`; [`cm`] holds the IB CM + RDMA CM state machines and [`arp`] the
-//! neighbour table. Not yet done: the CM is not wired into the `Hca` (its
-//! `listen`/`connect`/`accept` return errors; tests connect QPs directly).
+//! owns the registered memory, the QP table, the completion queue, the [`cm`]
+//! connection manager (IB CM + RDMA CM on QP1) and the [`arp`] neighbour table,
+//! and implements `verbs::Verbs` including connection management (`listen`,
+//! `connect`, `accept`, `reject`, `disconnect`, `poll_cm_event`).
 //!
 //! Specs: `docs/protocol/roce-v2.md` (RoCEv2 and RC/UD as Linux rxe speaks them) and
 //! `docs/protocol/ib-cm.md` (IB CM and RDMA CM).
