@@ -8,6 +8,7 @@
 
 mod bench;
 mod demo;
+mod interop;
 mod paths;
 mod qemu;
 mod relay;

@@ -86,10 +86,13 @@ fn target_kinds() -> Vec<TargetKind> {
 
 /// Case counts of one suite.
 #[derive(Clone, Copy, Default)]
-struct Counts {
-    passed: usize,
-    failed: usize,
-    skipped: usize,
+pub struct Counts {
+    /// Cases that passed.
+    pub passed: usize,
+    /// Cases that failed.
+    pub failed: usize,
+    /// Cases that do not apply, each printed with its reason.
+    pub skipped: usize,
 }
 
 struct Tally {
@@ -146,6 +149,17 @@ pub fn run(args: TestArgs) -> Result<()> {
                     let filter = args.filter.as_deref();
                     let counts = vm_suite(&images, kind, args.full, filter, &mut tally.failures);
                     tally.suites.push((name, start.elapsed(), counts));
+                }
+                if args
+                    .filter
+                    .as_deref()
+                    .is_none_or(|f| "brick-rping".contains(f))
+                {
+                    let start = Instant::now();
+                    let counts = crate::interop::suite(&images, &mut tally.failures);
+                    tally
+                        .suites
+                        .push(("vm brick-rping (interop)".into(), start.elapsed(), counts));
                 }
             }
         }
@@ -541,7 +555,7 @@ fn multipath_cut(bed: &mut Bed) -> Result<()> {
     }
     bed.relays[1].set_cut(false);
     let script = "d=$(cat /tmp/mp.dev)\nreconnect_all s1\nverify $d 4k 2M\nunmap $d\n";
-    bed.initiator.run(&script, 5 * MINUTE)?;
+    bed.initiator.run(script, 5 * MINUTE)?;
     Ok(())
 }
 
