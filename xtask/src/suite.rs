@@ -125,7 +125,7 @@ pub fn run(args: TestArgs) -> Result<()> {
                 ..Counts::default()
             })
         });
-        suite(&mut tally, "host", host_tests);
+        suite(&mut tally, "host", || host_tests(args.full));
     }
     if !args.host_only {
         match Images::build() {
@@ -235,10 +235,16 @@ fn lint() -> Result<()> {
     Ok(())
 }
 
-/// `cargo test --workspace`, streamed, with its pass/fail counts.
-fn host_tests() -> Result<Counts> {
-    let mut child = cargo()
-        .args(["test", "--workspace", "--all-features"])
+/// `cargo test --workspace`, streamed, with its pass/fail counts; the full
+/// tier includes the ignored soaks (e.g. 10,000 WRs per side through the
+/// lossy link simulation).
+fn host_tests(full: bool) -> Result<Counts> {
+    let mut command = cargo();
+    command.args(["test", "--workspace", "--all-features"]);
+    if full {
+        command.args(["--", "--include-ignored"]);
+    }
+    let mut child = command
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()?;
