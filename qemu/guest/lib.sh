@@ -49,11 +49,13 @@ wait_for() {
     done
 }
 
-# ping a peer until it answers (up to 10 s).
+# Waits until a peer answers ICMP echo or ARP (up to 10 s); Brick's
+# target answers ARP but not ICMP.
 wait_peer() {
+    dev=$(ip route get "$1" 2>/dev/null | sed -n 's/.* dev \([^ ]*\).*/\1/p')
     n=0
-    until ping -c1 -W1 "$1" >/dev/null 2>&1; do
-        n=$((n + 1)); [ $n -ge 10 ] && die "peer $1 does not answer ping"
+    until ping -c1 -W1 "$1" >/dev/null 2>&1 || arping -q -c1 -w1 -I "${dev:-eth0}" "$1" >/dev/null 2>&1; do
+        n=$((n + 1)); [ $n -ge 10 ] && die "peer $1 answers neither ping nor arping"
     done
 }
 
