@@ -5,9 +5,12 @@
 //! and UDP itself, as the image does) or a [`udp::UdpNic`] (a UDP socket on
 //! port 4791; the host kernel does IP). [`link_spec::LinkSpec`] parses the
 //! command-line form of either. All sockets are non-blocking; the loop
-//! idles in [`wait::PollIdle`] on their file descriptors.
+//! idles in [`wait::PollIdle`] on their file descriptors. Volumes on files or
+//! block devices are [`file::FileDevice`]s, whose worker pool wakes the loop
+//! through a descriptor of its own.
 
 pub mod clock;
+pub mod file;
 pub mod frame_link;
 pub mod link_spec;
 pub mod rng;
@@ -17,6 +20,7 @@ pub mod udp;
 pub mod wait;
 
 pub use clock::MonotonicClock;
+pub use file::{FileConfig, FileDevice};
 pub use frame_link::{FrameEndpoint, FrameLink};
 pub use link_spec::{Link, LinkSpec, LinkSpecError};
 pub use rng::OsRng;

@@ -1,4 +1,5 @@
-//! The hosted system calls std lacks: ppoll(2) and vectored sendto.
+//! The hosted system calls std lacks: ppoll(2), vectored sendto, fallocate(2)
+//! and the block-device ioctls.
 //!
 //! The only `unsafe` of the crate. Each wrapper borrows everything the
 //! kernel reads or writes for the duration of the call and returns
@@ -106,4 +107,80 @@ pub(crate) fn send_to_vectored(
     // open descriptor borrowed for the call.
     let sent = unsafe { libc::sendmsg(socket.as_raw_fd(), ptr::from_ref(&message), 0) };
     usize::try_from(sent).map_err(|_| io::Error::last_os_error())
+}
+
+/// `BLKDISCARD`: `_IO(0x12, 119)`, argument `u64[2]` = {start, length}.
+const BLKDISCARD: libc::Ioctl = 0x1277;
+/// `BLKZEROOUT`: `_IO(0x12, 127)`, argument `u64[2]` = {start, length}.
+const BLKZEROOUT: libc::Ioctl = 0x127f;
+
+/// fallocate(2) with `mode` on `len` bytes at `offset` of `file`.
+pub(crate) fn fallocate(
+    file: BorrowedFd<'_>,
+    mode: libc::c_int,
+    offset: u64,
+    len: u64,
+) -> io::Result<()> {
+    let offset =
+        libc::off_t::try_from(offset).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    let len = libc::off_t::try_from(len).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    // SAFETY: fallocate takes only integers; `file` is an open descriptor
+    // borrowed for the call.
+    let result = unsafe { libc::fallocate(file.as_raw_fd(), mode, offset, len) };
+    if result == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// A block-device range ioctl (`BLKDISCARD`, `BLKZEROOUT`).
+fn block_range_ioctl(
+    device: BorrowedFd<'_>,
+    request: libc::Ioctl,
+    offset: u64,
+    len: u64,
+) -> io::Result<()> {
+    let range: [u64; 2] = [offset, len];
+    // SAFETY: both requests read a `u64[2]` through the pointer, which
+    // points to `range`, alive until the call returns; `device` is an open
+    // descriptor borrowed for the call.
+    let result = unsafe { libc::ioctl(device.as_raw_fd(), request, range.as_ptr()) };
+    if result == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// `BLKDISCARD` of `len` bytes at `offset` of a block device.
+pub(crate) fn block_discard(device: BorrowedFd<'_>, offset: u64, len: u64) -> io::Result<()> {
+    block_range_ioctl(device, BLKDISCARD, offset, len)
+}
+
+/// `BLKZEROOUT` of `len` bytes at `offset` of a block device.
+pub(crate) fn block_zero_out(device: BorrowedFd<'_>, offset: u64, len: u64) -> io::Result<()> {
+    block_range_ioctl(device, BLKZEROOUT, offset, len)
+}
+
+/// A block device's logical (`BLKSSZGET`) or physical (`BLKPBSZGET`)
+/// block size.
+fn block_size_ioctl(device: BorrowedFd<'_>, request: libc::Ioctl) -> io::Result<u32> {
+    let mut size: libc::c_int = 0;
+    // SAFETY: both requests write one `int` through the pointer, which
+    // points to `size`, exclusively borrowed until the call returns;
+    // `device` is an open descriptor borrowed for the call.
+    let result = unsafe { libc::ioctl(device.as_raw_fd(), request, ptr::from_mut(&mut size)) };
+    if result != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    u32::try_from(size).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
+}
+
+/// A block device's logical and physical block sizes.
+pub(crate) fn block_sizes(device: BorrowedFd<'_>) -> io::Result<(u32, u32)> {
+    Ok((
+        block_size_ioctl(device, libc::BLKSSZGET)?,
+        block_size_ioctl(device, libc::BLKPBSZGET)?,
+    ))
 }
