@@ -1,16 +1,30 @@
-//! In-process RC throughput: RDMA WRITE 64 KiB and SEND 64 B vs memcpy.
+//! RC throughput: RDMA WRITE 64 KiB and SEND 64 B, in process and over UDP.
 //!
-//! Two software HCAs connected back to back in one thread (no loss): every
-//! frame is gathered once into a "wire" buffer (what a NIC's DMA would do)
-//! and handed to the peer's `receive`, which verifies the ICRC and places the
-//! payload into registered memory. Printed beside a plain `memcpy` of the
-//! same sizes measured in the same run, as ratios, so the numbers mean
-//! something on any machine. Not a test: `cargo bench -p brick-roce`.
+//! In process: two software HCAs connected back to back in one thread (no
+//! loss): every frame is gathered once into a "wire" buffer (what a NIC's
+//! DMA would do) and handed to the peer's `receive`, which verifies the ICRC
+//! and places the payload into registered memory. Printed beside a plain
+//! `memcpy` of the same sizes measured in the same run, as ratios.
+//!
+//! Over UDP loopback: the same two HCAs in UDP mode (`LinkMode::Udp`), each
+//! on a `hal::hosted::UdpNic` (127.0.0.1 and 127.0.0.2, one port), one
+//! thread polling both: a datagram goes out with `sendmsg` (header, payload
+//! pieces from registered memory, trailer) and the peer's socket is drained
+//! after every `BURST` datagrams. Printed beside a raw blaster measured in the same run: plain
+//! `std::net::UdpSocket` `send_to`/`recv_from` of datagrams of the same size
+//! (the Brick datagram: BTH + MTU + ICRC; and 64 B), in bursts, one thread
+//! too, as ratios (Brick over UDP / raw UDP).
+//!
+//! Not a test: `cargo bench -p brick-roce` (`BRICK_BENCH_MS` sets each
+//! measurement's length, default 1000).
 
 use std::collections::VecDeque;
+use std::net::{SocketAddr, SocketAddrV4, UdpSocket};
 use std::time::{Duration, Instant};
 
-use roce::hca::{Hca, HcaConfig};
+use hal::hosted::UdpNic;
+use hal::{DatagramNic, NicError};
+use roce::hca::{Hca, HcaConfig, LinkMode};
 use roce::qp::QpParams;
 use roce::types::{Mtu, Psn};
 use verbs::{
@@ -34,25 +48,61 @@ type BenchHca = Hca<Vec<u8>, Keys, 16, 2, 4096>;
 
 const DEPTH: usize = 32;
 
+/// Datagrams sent over UDP before the receiving socket is drained (raw and
+/// Brick alike): 16 of 4 KiB fit a default socket buffer.
+const BURST: usize = 16;
+
+/// How the two HCAs of a [`Bench`] reach each other.
+enum Wire {
+    /// Frames gathered into buffers and handed over in process.
+    InProcess {
+        wire: VecDeque<Vec<u8>>,
+        pool: Vec<Vec<u8>>,
+    },
+    /// Datagrams over two loopback UDP sockets.
+    Udp {
+        nic_a: UdpNic,
+        nic_b: UdpNic,
+        /// Datagrams the socket refused (lost; the transport resends).
+        refused: u64,
+    },
+}
+
 struct Bench {
     a: Box<BenchHca>,
     b: Box<BenchHca>,
     conn_a: ConnId,
     conn_b: ConnId,
     start: Instant,
-    wire: VecDeque<Vec<u8>>,
-    pool: Vec<Vec<u8>>,
+    wire: Wire,
 }
 
-fn endpoint(last: u8, memory: usize) -> (Box<BenchHca>, ConnId) {
+/// Binds 127.0.0.1 and 127.0.0.2 on one free port.
+fn udp_pair() -> (UdpNic, UdpNic) {
+    for _ in 0..20 {
+        let a = UdpNic::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let port = a.local_addr().port();
+        if let Ok(b) = UdpNic::bind(SocketAddr::from(([127, 0, 0, 2], port))) {
+            return (a, b);
+        }
+    }
+    panic!("no port free on both 127.0.0.1 and 127.0.0.2");
+}
+
+fn endpoint(last: u8, memory: usize, link: LinkMode) -> (Box<BenchHca>, ConnId) {
+    let ip = match link {
+        LinkMode::Udp { .. } => [127, 0, 0, last],
+        _ => [10, 0, 0, last],
+    };
     let config = HcaConfig {
         mac: [0x52, 0x54, 0, 0, 0, last],
-        ip: [10, 0, 0, last],
+        ip,
     };
-    let mut hca = Box::new(BenchHca::new(
+    let mut hca = Box::new(BenchHca::with_link(
         vec![0; memory],
         Keys(u64::from(last)),
         config,
+        link,
     ));
     let conn = hca.create_qp().unwrap();
     (hca, conn)
@@ -72,7 +122,8 @@ fn params(
         send_psn: Psn::new(100),
         recv_psn: Psn::new(100),
         mtu,
-        local_ack_timeout: 19,
+        // 67 ms: a datagram the loopback drops is resent soon.
+        local_ack_timeout: 14,
         retry_count: 7,
         rnr_retry: 7,
         min_rnr_timer: 1,
@@ -84,9 +135,25 @@ fn params(
 }
 
 impl Bench {
-    fn new(mtu: Mtu) -> Self {
-        let (mut a, conn_a) = endpoint(1, 8 << 20);
-        let (mut b, conn_b) = endpoint(2, 8 << 20);
+    fn new(mtu: Mtu, udp: bool) -> Self {
+        let (wire, link) = if udp {
+            let (nic_a, nic_b) = udp_pair();
+            let port = nic_a.local_addr().port();
+            let wire = Wire::Udp {
+                nic_a,
+                nic_b,
+                refused: 0,
+            };
+            (wire, LinkMode::Udp { port })
+        } else {
+            let wire = Wire::InProcess {
+                wire: VecDeque::new(),
+                pool: Vec::new(),
+            };
+            (wire, LinkMode::Ethernet)
+        };
+        let (mut a, conn_a) = endpoint(1, 8 << 20, link);
+        let (mut b, conn_b) = endpoint(2, 8 << 20, link);
         let pa = params(&a, conn_a, &b, conn_b, mtu);
         let pb = params(&b, conn_b, &a, conn_a, mtu);
         a.connect_qp(conn_a, pa).unwrap();
@@ -97,19 +164,20 @@ impl Bench {
             conn_a,
             conn_b,
             start: Instant::now(),
-            wire: VecDeque::new(),
-            pool: Vec::new(),
+            wire,
         }
-    }
-
-    fn now(&self) -> u64 {
-        self.start.elapsed().as_nanos() as u64
     }
 
     /// Moves frames both ways until both sides are quiet.
     fn pump(&mut self) {
+        if matches!(self.wire, Wire::Udp { .. }) {
+            return self.pump_udp();
+        }
+        let Wire::InProcess { wire, pool } = &mut self.wire else {
+            return;
+        };
         loop {
-            let now = self.now();
+            let now = self.start.elapsed().as_nanos() as u64;
             let mut moved = false;
             for from_a in [true, false] {
                 let (sender, receiver) = if from_a {
@@ -117,8 +185,6 @@ impl Bench {
                 } else {
                     (&mut self.b, &mut self.a)
                 };
-                let wire = &mut self.wire;
-                let pool = &mut self.pool;
                 sender.poll(now, &mut |h: &[u8], p: &[&[u8]], t: &[u8]| {
                     let mut frame = pool.pop().unwrap_or_default();
                     frame.clear();
@@ -129,16 +195,82 @@ impl Bench {
                     frame.extend_from_slice(t);
                     wire.push_back(frame);
                 });
-                while let Some(frame) = self.wire.pop_front() {
+                while let Some(frame) = wire.pop_front() {
                     moved = true;
                     receiver.receive(now, &frame);
-                    self.pool.push(frame);
+                    pool.push(frame);
                 }
             }
             if !moved {
                 return;
             }
         }
+    }
+
+    /// [`Bench::pump`] over the sockets: each side's datagrams are sent,
+    /// then the peer's socket drained, until a round moves nothing.
+    fn pump_udp(&mut self) {
+        let Wire::Udp {
+            nic_a,
+            nic_b,
+            refused,
+        } = &mut self.wire
+        else {
+            return;
+        };
+        loop {
+            let now = self.start.elapsed().as_nanos() as u64;
+            let mut moved = false;
+            for from_a in [true, false] {
+                let (sender, receiver, tx, rx) = if from_a {
+                    (&mut self.a, &mut self.b, &mut *nic_a, &mut *nic_b)
+                } else {
+                    (&mut self.b, &mut self.a, &mut *nic_b, &mut *nic_a)
+                };
+                let mut in_burst = 0;
+                sender.poll_datagrams(
+                    now,
+                    &mut |to: SocketAddrV4, header: &[u8], payload: &[&[u8]], trailer: &[u8]| {
+                        let mut pieces: [&[u8]; 16] = [&[]; 16];
+                        pieces[..payload.len()].copy_from_slice(payload);
+                        pieces[payload.len()] = trailer;
+                        let sent =
+                            tx.transmit(SocketAddr::V4(to), header, &pieces[..=payload.len()]);
+                        match sent {
+                            Ok(()) => {}
+                            Err(NicError::Busy) => *refused += 1,
+                            Err(error) => panic!("transmit: {error}"),
+                        }
+                        // A poll sends up to 64 packets; 64 of 4 KiB overflow
+                        // the peer's socket buffer, so drain it as we go.
+                        in_burst += 1;
+                        if in_burst == BURST {
+                            in_burst = 0;
+                            drain(rx, receiver, now);
+                        }
+                    },
+                );
+                moved |= drain(rx, receiver, now);
+            }
+            if !moved {
+                return;
+            }
+        }
+    }
+
+    /// What the transport had to resend, and what the socket refused.
+    fn losses(&self) -> String {
+        let refused = match self.wire {
+            Wire::Udp { refused, .. } => refused,
+            Wire::InProcess { .. } => 0,
+        };
+        let (a, b) = (self.a.counters(), self.b.counters());
+        format!(
+            "retransmissions {}, timeouts {}, refused {}",
+            a.retransmissions + b.retransmissions,
+            a.timeouts + b.timeouts,
+            refused
+        )
     }
 }
 
@@ -148,9 +280,10 @@ fn region(hca: &mut BenchHca, len: u32) -> MemoryRegion {
     hca.reg_mr(handle, access).unwrap()
 }
 
-/// RDMA WRITE of `size`-byte messages for `duration`; returns bytes/s.
-fn write_rate(mtu: Mtu, size: u32, duration: Duration) -> f64 {
-    let mut bench = Bench::new(mtu);
+/// RDMA WRITE of `size`-byte messages for `duration`, in process or over
+/// UDP; returns bytes/s and the losses.
+fn write_rate(mtu: Mtu, size: u32, duration: Duration, udp: bool) -> (f64, String) {
+    let mut bench = Bench::new(mtu, udp);
     let src = region(&mut bench.a, size * DEPTH as u32);
     let dst = region(&mut bench.b, size * DEPTH as u32);
     let mut completions = [WorkCompletion::default(); 64];
@@ -180,12 +313,14 @@ fn write_rate(mtu: Mtu, size: u32, duration: Duration) -> f64 {
         in_flight -= n;
         done += n as u64;
     }
-    done as f64 * f64::from(size) / start.elapsed().as_secs_f64()
+    let rate = done as f64 * f64::from(size) / start.elapsed().as_secs_f64();
+    (rate, bench.losses())
 }
 
-/// SEND of `size`-byte messages for `duration`; returns messages/s.
-fn send_rate(size: u32, duration: Duration) -> f64 {
-    let mut bench = Bench::new(Mtu::Mtu1024);
+/// SEND of `size`-byte messages for `duration`, in process or over UDP;
+/// returns messages/s and the losses.
+fn send_rate(size: u32, duration: Duration, udp: bool) -> (f64, String) {
+    let mut bench = Bench::new(Mtu::Mtu1024, udp);
     let src = region(&mut bench.a, 4096);
     let recv = region(&mut bench.b, 4096 * DEPTH as u32);
     for slot in 0..DEPTH as u32 {
@@ -226,7 +361,56 @@ fn send_rate(size: u32, duration: Duration) -> f64 {
             bench.b.post_recv(bench.conn_b, &[request]).unwrap();
         }
     }
-    done as f64 / start.elapsed().as_secs_f64()
+    (done as f64 / start.elapsed().as_secs_f64(), bench.losses())
+}
+
+/// Hands every datagram waiting on `nic` to `hca`; returns whether there
+/// was any.
+fn drain(nic: &mut UdpNic, hca: &mut BenchHca, now: u64) -> bool {
+    let mut any = false;
+    while nic
+        .receive(|datagram, from| hca.receive_datagram(now, from, datagram))
+        .expect("receive")
+        .is_some()
+    {
+        any = true;
+    }
+    any
+}
+
+/// Raw UDP loopback: `size`-byte datagrams from 127.0.0.1 to 127.0.0.2 with
+/// plain `send_to`/`recv_from`, in bursts of `BURST`, one thread (as the
+/// Brick measurement). Returns (bytes/s, datagrams/s) received, and how
+/// many of the datagrams sent were lost.
+fn raw_udp_rate(size: usize, duration: Duration) -> (f64, f64, f64) {
+    let (a, b) = loop {
+        let a = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let port = a.local_addr().unwrap().port();
+        if let Ok(b) = UdpSocket::bind(SocketAddr::from(([127, 0, 0, 2], port))) {
+            break (a, b);
+        }
+    };
+    a.set_nonblocking(true).unwrap();
+    b.set_nonblocking(true).unwrap();
+    let to = b.local_addr().unwrap();
+    let datagram = vec![0x5au8; size];
+    let mut buffer = vec![0u8; 65536];
+    let (mut sent, mut received, mut bytes) = (0u64, 0u64, 0u64);
+    let start = Instant::now();
+    while start.elapsed() < duration {
+        for _ in 0..BURST {
+            if a.send_to(std::hint::black_box(&datagram), to).is_ok() {
+                sent += 1;
+            }
+        }
+        while let Ok((len, _)) = b.recv_from(&mut buffer) {
+            received += 1;
+            bytes += len as u64;
+        }
+    }
+    let seconds = start.elapsed().as_secs_f64();
+    let lost = 1.0 - received as f64 / sent.max(1) as f64;
+    (bytes as f64 / seconds, received as f64 / seconds, lost)
 }
 
 /// memcpy of `size`-byte blocks for `duration`; returns (bytes/s, copies/s).
@@ -277,6 +461,7 @@ fn main() {
             .unwrap_or(1000),
     );
     let gib = f64::from(1u32 << 30);
+    println!("# in process: memcpy, ICRC, two HCAs back to back");
     let (copy_64k, _) = memcpy_rate(64 << 10, duration);
     let (_, copy_64b) = memcpy_rate(64, duration);
     println!("memcpy 64 KiB:                {:8.2} GiB/s", copy_64k / gib);
@@ -291,7 +476,7 @@ fn main() {
         icrc / copy_64k
     );
     for mtu in [Mtu::Mtu1024, Mtu::Mtu4096] {
-        let write = write_rate(mtu, 64 << 10, duration);
+        let (write, _) = write_rate(mtu, 64 << 10, duration, false);
         println!(
             "RDMA WRITE 64 KiB, MTU {:4}:  {:8.2} GiB/s   = {:.3} x memcpy",
             mtu.bytes().unwrap_or(0),
@@ -299,10 +484,47 @@ fn main() {
             write / copy_64k
         );
     }
-    let sends = send_rate(64, duration);
+    let (sends, _) = send_rate(64, duration, false);
     println!(
         "SEND 64 B, MTU 1024:          {:8.3} M msgs/s  = {:.4} x memcpy of 64 B",
         sends / 1e6,
         sends / copy_64b
+    );
+
+    println!("# UDP loopback (127.0.0.1 -> 127.0.0.2), one thread");
+    // The Brick datagram of a full packet: BTH 12 + MTU + ICRC 4 (a WRITE's
+    // first packet also has a RETH; 1040 B stands for them all).
+    let mut raw = Vec::new();
+    for (mtu, datagram) in [(Mtu::Mtu1024, 12 + 1024 + 4), (Mtu::Mtu4096, 12 + 4096 + 4)] {
+        let (bytes, per_second, lost) = raw_udp_rate(datagram, duration);
+        println!(
+            "raw UDP {datagram:4} B datagrams:   {:8.3} GiB/s   ({:.3} M/s, {:.1}% lost)",
+            bytes / gib,
+            per_second / 1e6,
+            lost * 100.0
+        );
+        raw.push((mtu, bytes));
+    }
+    let (_, raw_64, lost) = raw_udp_rate(64, duration);
+    println!(
+        "raw UDP   64 B datagrams:     {:8.3} M/s      ({:.1}% lost)",
+        raw_64 / 1e6,
+        lost * 100.0
+    );
+    for (mtu, raw_bytes) in raw {
+        let (write, losses) = write_rate(mtu, 64 << 10, duration, true);
+        println!(
+            "RDMA WRITE 64 KiB, MTU {:4}:  {:8.3} GiB/s   = {:.3} x raw UDP of {} B  ({losses})",
+            mtu.bytes().unwrap_or(0),
+            write / gib,
+            write / raw_bytes,
+            12 + mtu.bytes().unwrap_or(0) + 4,
+        );
+    }
+    let (sends, losses) = send_rate(64, duration, true);
+    println!(
+        "SEND 64 B, MTU 1024:          {:8.3} M msgs/s  = {:.3} x raw UDP of 64 B  ({losses})",
+        sends / 1e6,
+        sends / raw_64
     );
 }

@@ -54,6 +54,14 @@
 //! A CM-made QP that dies of a transport error (retries exhausted, a fatal
 //! NAK) is reported as [`CmEvent::Disconnected`] (after its work requests
 //! completed with the error) and a DREQ tells the peer.
+//!
+//! # Link modes
+//!
+//! [`LinkMode::Ethernet`] (the default, [`Hca::new`]): Ethernet frames in
+//! and out, ARP included. [`LinkMode::Udp`] ([`Hca::with_link`]): UDP
+//! payloads in ([`Hca::receive_datagram`]) and out ([`Hca::poll_datagrams`])
+//! through a host UDP socket, no ARP, the ICRC over a canonical pseudo
+//! IPv4/UDP header — Brick to Brick only; see [`crate::udp`].
 
 use core::net::{IpAddr, SocketAddr};
 
@@ -74,6 +82,7 @@ use crate::qp::{
     CompletionQueue, ConnectQpError, Context, Counters, FrameSink, Path, Qp, QpParams, QpState,
 };
 use crate::types::{Mtu, Pkey, Psn, Qkey, Qpn};
+use crate::udp::{parse_datagram, DatagramFrames, DatagramSink, PSEUDO_MAC};
 use crate::wire::{
     ipv4, parse_frame, udp, BthRepr, DethRepr, EtherType, EthernetAddress, EthernetRepr,
     ExtHeaders, FrameHeaders, Ipv4Address, Ipv4Repr, Opcode, ParseError, Trailer, Transport,
@@ -102,6 +111,23 @@ pub const MIN_RNR_TIMER: u8 = 12;
 const EPHEMERAL_PORT_BASE: u16 = 32_768;
 /// Number of ports in the ephemeral range.
 const EPHEMERAL_PORT_COUNT: u32 = 28_232;
+
+/// How the HCA reaches its peers (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
+pub enum LinkMode {
+    /// Ethernet frames: Brick does ARP, IPv4 and UDP ([`Hca::receive`],
+    /// [`Hca::poll`]).
+    #[default]
+    Ethernet,
+    /// UDP payloads through a host socket bound to `HcaConfig::ip:port`,
+    /// every peer at the same `port` ([`Hca::receive_datagram`],
+    /// [`Hca::poll_datagrams`]; [`crate::udp`]).
+    Udp {
+        /// The UDP port of every node (4791, [`udp::ROCE_V2_PORT`], outside tests).
+        port: u16,
+    },
+}
 
 /// The HCA's own addresses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -281,6 +307,7 @@ pub struct Hca<S, K, const N: usize, const Q: usize, const C: usize = 1024> {
     path_mtu: Mtu,
     /// The latest `now` seen (for the verbs calls, which take no time).
     now: u64,
+    link_mode: LinkMode,
 }
 
 impl<S, K, const N: usize, const Q: usize, const C: usize> Hca<S, K, N, Q, C>
@@ -293,7 +320,14 @@ where
     /// outside tests). The CM uses Linux-compatible defaults
     /// ([`cm::Config::new`]) with a CA GUID derived from the MAC; the path
     /// MTU of outgoing connections is 1024 ([`Hca::set_path_mtu`]).
-    pub fn new(storage: S, mut keys: K, config: HcaConfig) -> Self {
+    pub fn new(storage: S, keys: K, config: HcaConfig) -> Self {
+        Self::with_link(storage, keys, config, LinkMode::Ethernet)
+    }
+
+    /// An HCA as [`Hca::new`] makes it, reaching its peers as `link_mode`
+    /// says. In [`LinkMode::Udp`] the MAC in `config` only names the CA (CM
+    /// GUID) and `config.ip` must be the address the socket is bound to.
+    pub fn with_link(storage: S, mut keys: K, config: HcaConfig, link_mode: LinkMode) -> Self {
         let next_qpn = keys.next_u32() & 0x00ff_ffff;
         let mac = EthernetAddress(config.mac);
         let mut arp = Arp::new(mac, arp::Config::default());
@@ -322,6 +356,21 @@ where
             gsi_psn: Psn::new(0),
             path_mtu: Mtu::Mtu1024,
             now: 0,
+            link_mode,
+        }
+    }
+
+    /// How the HCA reaches its peers.
+    pub fn link_mode(&self) -> LinkMode {
+        self.link_mode
+    }
+
+    /// The UDP source port of our packets: `ethernet_port` (rxe's choice for
+    /// the flow) on Ethernet, the socket's port in UDP mode.
+    fn udp_source_port(&self, ethernet_port: u16) -> u16 {
+        match self.link_mode {
+            LinkMode::Ethernet => ethernet_port,
+            LinkMode::Udp { port } => port,
         }
     }
 
@@ -376,14 +425,15 @@ where
     }
 
     /// A path to a peer for a QP numbered `qpn`: our addresses, the peer's,
-    /// rxe's per-QP UDP source port, TOS 0, TTL 64.
+    /// rxe's per-QP UDP source port (the socket's port in UDP mode, where
+    /// `peer_mac` is not used), TOS 0, TTL 64.
     pub fn path_to(&self, qpn: Qpn, peer_mac: [u8; 6], peer_ip: [u8; 4]) -> Path {
         Path {
             local_mac: self.config.mac,
             peer_mac,
             local_ip: self.config.ip,
             peer_ip,
-            udp_src_port: udp::source_port_for_qpn(qpn),
+            udp_src_port: self.udp_source_port(udp::source_port_for_qpn(qpn)),
             tos: 0,
             ttl: 64,
         }
@@ -516,7 +566,34 @@ where
             }
             return;
         }
-        let parsed = match parse_frame(frame) {
+        self.deliver(now, parse_frame(frame));
+    }
+
+    /// Handles one datagram received in [`LinkMode::Udp`] from `from`: the
+    /// ICRC is checked over the pseudo-header ([`parse_datagram`]), then
+    /// everything is as in [`Hca::receive`] (which a UDP-mode HCA does not
+    /// need: it has no ARP). Datagrams from non-IPv4 senders are counted in
+    /// `drop_bad_address`; any datagram reaching an Ethernet-mode HCA in
+    /// `drop_malformed`. Does bounded work (one datagram).
+    pub fn receive_datagram(&mut self, now: u64, from: SocketAddr, datagram: &[u8]) {
+        self.now = self.now.max(now);
+        self.counters.frames_in += 1;
+        if !matches!(self.link_mode, LinkMode::Udp { .. }) {
+            self.counters.drop_malformed += 1;
+            return;
+        }
+        let SocketAddr::V4(from) = from else {
+            self.counters.drop_bad_address += 1;
+            return;
+        };
+        let local = Ipv4Address::from(self.config.ip);
+        self.deliver(now, parse_datagram(from, local, datagram));
+    }
+
+    /// The checks and dispatch shared by [`Hca::receive`] and
+    /// [`Hca::receive_datagram`], after parsing and the ICRC check.
+    fn deliver(&mut self, now: u64, parsed: Result<crate::wire::RoceFrame<'_>, ParseError>) {
+        let parsed = match parsed {
             Ok(parsed) => parsed,
             Err(ParseError::BadChecksum) => {
                 self.counters.drop_bad_checksum += 1;
@@ -620,7 +697,7 @@ where
                 dont_frag: true,
             },
             udp: UdpRepr {
-                src_port: udp::GSI_SOURCE_PORT,
+                src_port: self.udp_source_port(udp::GSI_SOURCE_PORT),
                 dst_port: udp::ROCE_V2_PORT,
             },
             bth: BthRepr {
@@ -847,7 +924,7 @@ where
                 peer_mac: peer.mac.0,
                 local_ip: self.config.ip,
                 peer_ip: peer.ip.octets(),
-                udp_src_port,
+                udp_src_port: self.udp_source_port(udp_src_port),
                 tos: attributes.traffic_class,
                 ttl: attributes.hop_limit,
             },
@@ -862,7 +939,12 @@ where
                 continue;
             };
             let request = request.clone();
-            match self.arp.state(now, request.peer_ip) {
+            let neighbor = match self.link_mode {
+                LinkMode::Ethernet => self.arp.state(now, request.peer_ip),
+                // The kernel resolves: the REQ goes out at once.
+                LinkMode::Udp { .. } => NeighborState::Reachable(PSEUDO_MAC),
+            };
+            match neighbor {
                 NeighborState::Reachable(mac) | NeighborState::Stale(mac) => {
                     let peer = PeerAddr {
                         mac,
@@ -983,6 +1065,31 @@ where
             }
         }
         budget < MAX_TX_BURST
+    }
+
+    /// [`Hca::poll`] for [`LinkMode::Udp`]: the same packets, each handed to
+    /// `sink` as a datagram (the frame without its Ethernet, IPv4 and UDP
+    /// headers, see [`crate::udp`]) addressed to the peer at the mode's
+    /// port. The same budget applies; returns whether anything was sent.
+    ///
+    /// Meant for a UDP-mode HCA: an Ethernet-mode HCA's packets carry ICRCs
+    /// over their real headers (per-QP source ports), which a UDP-mode peer
+    /// rejects, and its ARP frames are dropped here. (Conversely, [`Hca::poll`]
+    /// on a UDP-mode HCA yields each datagram behind its pseudo-header: a
+    /// valid RoCEv2 frame, for captures.)
+    pub fn poll_datagrams<D: DatagramSink + ?Sized>(&mut self, now: u64, sink: &mut D) -> bool {
+        let port = match self.link_mode {
+            LinkMode::Udp { port } => port,
+            LinkMode::Ethernet => udp::ROCE_V2_PORT,
+        };
+        let mut frames = DatagramFrames {
+            sink,
+            port,
+            skipped: 0,
+        };
+        let sent = self.poll(now, &mut frames);
+        self.counters.frames_out -= frames.skipped.min(self.counters.frames_out);
+        sent
     }
 
     /// Connections whose QP died of a transport error (retries exhausted, a

@@ -11,7 +11,9 @@
 //! owns the registered memory, the QP table, the completion queue, the [`cm`]
 //! connection manager (IB CM + RDMA CM on QP1) and the [`arp`] neighbour table,
 //! and implements `verbs::Verbs` including connection management (`listen`,
-//! `connect`, `accept`, `reject`, `disconnect`, `poll_cm_event`).
+//! `connect`, `accept`, `reject`, `disconnect`, `poll_cm_event`). [`udp`] is the
+//! HCA's UDP mode: the IB part of each packet over a host UDP socket, the ICRC
+//! over a canonical pseudo IPv4/UDP header (Brick to Brick).
 //!
 //! Specs: `docs/protocol/roce-v2.md` (RoCEv2 and RC/UD as Linux rxe speaks them) and
 //! `docs/protocol/ib-cm.md` (IB CM and RDMA CM).
@@ -34,4 +36,5 @@ pub mod hca;
 pub mod pcap;
 pub mod qp;
 pub mod types;
+pub mod udp;
 pub mod wire;
