@@ -60,6 +60,15 @@ const LOSSY: Faults = Faults {
     corrupt: 0.002,
 };
 
+/// The link the software-HCA issue names: 2 % drop, reordering,
+/// duplication, 0.1 % corruption.
+const SPEC: Faults = Faults {
+    drop: 0.02,
+    duplicate: 0.01,
+    reorder: 0.02,
+    corrupt: 0.001,
+};
+
 const HOSTILE: Faults = Faults {
     drop: 0.05,
     duplicate: 0.02,
@@ -591,7 +600,7 @@ fn soak_hostile_link() {
 }
 
 /// The full soak: 10,000 WRs per side and configuration. Sizes go up to
-/// 1 MiB on the clean and 1 % loss links; on the hostile link (5 % loss)
+/// 1 MiB on the clean, 1 % and 2 % loss links; on the hostile link (5 % loss)
 /// go-back-N resends up to a window per loss, so its messages stay smaller
 /// to keep the run in minutes.
 #[test]
@@ -600,6 +609,8 @@ fn soak_full() {
     let runs = [
         (101, Mtu::Mtu1024, LOSSY, 1 << 20),
         (102, Mtu::Mtu4096, LOSSY, 1 << 20),
+        (106, Mtu::Mtu1024, SPEC, 1 << 20),
+        (107, Mtu::Mtu4096, SPEC, 1 << 20),
         (103, Mtu::Mtu1024, HOSTILE, 64 << 10),
         (104, Mtu::Mtu4096, HOSTILE, 256 << 10),
         (105, Mtu::Mtu1024, CLEAN, 1 << 20),
