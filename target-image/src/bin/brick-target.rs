@@ -1,0 +1,261 @@
+//! `brick-target`: the hosted Brick target.
+//!
+//! ```text
+//! brick-target --manifest FILE --link SPEC [--link SPEC ...]
+//! ```
+//!
+//! Compiles the manifest (TOML), builds the engine from its checked binary
+//! form (the same no_std view the image boots from), opens one frame link
+//! per manifest interface, in order (`frame:connect:PATH`,
+//! `frame:listen:PATH`, `tcp:…`), and runs the poll loop: a bounded burst of
+//! frames in per link, `Engine::poll`, and when nothing happened a blocking
+//! `ppoll` on the link descriptors until the engine's next deadline — it
+//! never spins while idle. Logs what it serves and every refusal to stderr,
+//! one line each; prints statistics on SIGUSR1 and on exit; SIGINT/SIGTERM
+//! close every path and stop.
+//!
+//! Unsafe: only the `signals` module (installing the handlers with
+//! `sigaction`).
+
+#![deny(unsafe_code)]
+
+use std::os::fd::RawFd;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use clap::Parser;
+use hal::hosted::{wait_ready, FrameLink, Link, LinkSpec, MonotonicClock, OsRng};
+use hal::{Clock, Nic, NicError, Rng};
+use manifest::binary::Manifest;
+use target_image::Engine;
+use verbs::KeySource;
+
+/// Frames taken from each link per loop iteration.
+const RX_BURST: usize = 64;
+/// How long shutdown waits for disconnects to go out.
+const SHUTDOWN_NS: u64 = 2_000_000_000;
+/// Stack of the engine thread (the HCAs are built on it before boxing).
+const ENGINE_STACK: usize = 256 << 20;
+
+/// Serve RTRS/RNBD volumes from a boot manifest.
+#[derive(Parser, Debug)]
+#[command(name = "brick-target", version)]
+struct Args {
+    /// The manifest (TOML).
+    #[arg(long)]
+    manifest: PathBuf,
+    /// One link per manifest interface, in order: frame:connect:PATH,
+    /// frame:listen:PATH, tcp:listen:ADDR, tcp:connect:ADDR.
+    #[arg(long = "link", required = true)]
+    links: Vec<LinkSpec>,
+}
+
+/// The OS random source as the HCA's key source.
+struct OsKeys(OsRng);
+
+impl KeySource for OsKeys {
+    fn next_u32(&mut self) -> u32 {
+        self.0.next_u32()
+    }
+}
+
+#[allow(unsafe_code)]
+mod signals {
+    //! SIGINT/SIGTERM set `STOP`, SIGUSR1 sets `STATS`. Installed without
+    //! SA_RESTART so a blocking `ppoll` returns at once.
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    /// Stop requested.
+    pub static STOP: AtomicBool = AtomicBool::new(false);
+    /// Statistics requested.
+    pub static STATS: AtomicBool = AtomicBool::new(false);
+
+    extern "C" fn on_signal(signal: libc::c_int) {
+        if signal == libc::SIGUSR1 {
+            STATS.store(true, Ordering::SeqCst);
+        } else {
+            STOP.store(true, Ordering::SeqCst);
+        }
+    }
+
+    /// Installs the handlers.
+    pub fn install() -> std::io::Result<()> {
+        for signal in [libc::SIGINT, libc::SIGTERM, libc::SIGUSR1] {
+            // SAFETY: an all-zero sigaction is a valid value (empty mask, no flags).
+            let mut action: libc::sigaction = unsafe { std::mem::zeroed() };
+            action.sa_sigaction = on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
+            // SAFETY: `action` is initialised; the handler only stores to atomics
+            // (async-signal-safe); a null old-action pointer is allowed.
+            let rc = unsafe { libc::sigaction(signal, &raw const action, std::ptr::null_mut()) };
+            if rc != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+        }
+        Ok(())
+    }
+
+    /// Blocks the three signals on the calling thread, so they are delivered
+    /// to the engine thread (whose `ppoll` they interrupt).
+    pub fn block_here() {
+        // SAFETY: an all-zero sigset_t is a valid (empty) set, filled by sigemptyset next.
+        let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
+        // SAFETY: `set` is a valid, exclusively borrowed sigset_t.
+        unsafe { libc::sigemptyset(&raw mut set) };
+        for signal in [libc::SIGINT, libc::SIGTERM, libc::SIGUSR1] {
+            // SAFETY: as above; `signal` is a valid signal number.
+            unsafe { libc::sigaddset(&raw mut set, signal) };
+        }
+        // SAFETY: `set` is initialised; a null old-set pointer is allowed.
+        unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &raw const set, std::ptr::null_mut()) };
+    }
+}
+
+/// Sends one engine frame on `link`; transmit errors are drops (the
+/// transport and CM retransmit).
+fn transmit(link: &mut FrameLink, headers: &[u8], payload: &[&[u8]], trailer: &[u8]) {
+    let mut pieces: [&[u8]; 8] = [&[]; 8];
+    let mut count = 0;
+    for piece in payload.iter().copied().chain([trailer]) {
+        if piece.is_empty() {
+            continue;
+        }
+        if count == pieces.len() {
+            return;
+        }
+        pieces[count] = piece;
+        count += 1;
+    }
+    let _ = link.transmit(headers, &pieces[..count]);
+}
+
+fn run(args: Args) -> Result<(), String> {
+    let config = manifest::compile_file(&args.manifest).map_err(|e| e.to_string())?;
+    let blob = config.to_binary().map_err(|e| format!("manifest: {e}"))?;
+    let manifest = Manifest::parse(&blob).map_err(|e| format!("manifest: {e}"))?;
+    if args.links.len() != manifest.interface_count() {
+        return Err(format!(
+            "{} --link given, the manifest has {} interfaces (one --link per interface, in order)",
+            args.links.len(),
+            manifest.interface_count()
+        ));
+    }
+    let mut links = Vec::new();
+    for (spec, iface) in args.links.iter().zip(manifest.interfaces()) {
+        match spec.open().map_err(|e| format!("link {spec}: {e}"))? {
+            Link::Frame(link) => {
+                eprintln!("brick-target: interface {iface} on link {spec}");
+                links.push(link);
+            }
+            Link::Udp(_) => {
+                return Err(format!(
+                    "link {spec}: UDP links are not served yet (the engine speaks Ethernet frames); use frame:…"
+                ))
+            }
+        }
+    }
+    let target = manifest.target();
+    let mut engine = Engine::new(manifest, |_| OsKeys(OsRng)).map_err(|e| e.to_string())?;
+    engine.set_logger(|args| eprintln!("brick-target: {args}"));
+    eprintln!(
+        "brick-target: target {} listening on RDMA CM port {} (always_invalidate {})",
+        target.name, target.port, target.always_invalidate
+    );
+    for volume in engine.manifest().volumes() {
+        eprintln!("brick-target: serving {volume}");
+    }
+    signals::install().map_err(|e| format!("signals: {e}"))?;
+
+    let clock = MonotonicClock::new();
+    let mut stop_deadline = None;
+    loop {
+        let now = clock.now();
+        if signals::STATS.swap(false, Ordering::SeqCst) {
+            eprint!("{}", engine.stats());
+        }
+        if stop_deadline.is_none() && signals::STOP.load(Ordering::SeqCst) {
+            eprintln!("brick-target: stopping: closing every path");
+            engine.close_all(now);
+            stop_deadline = Some(now + SHUTDOWN_NS);
+        }
+        if let Some(deadline) = stop_deadline {
+            if now >= deadline || engine.is_quiet() {
+                // Let the last frames out.
+                let _ = engine.poll(now, &mut |i: usize, h: &[u8], p: &[&[u8]], t: &[u8]| {
+                    transmit(&mut links[i], h, p, t)
+                });
+                for link in &mut links {
+                    let _ = link.flush();
+                }
+                break;
+            }
+        }
+        let mut busy = false;
+        for (index, link) in links.iter_mut().enumerate() {
+            for _ in 0..RX_BURST {
+                match link.receive(|frame| engine.receive(index, now, frame)) {
+                    Ok(Some(())) => busy = true,
+                    Ok(None) | Err(NicError::LinkDown) => break,
+                    Err(error) => return Err(format!("link receive: {error}")),
+                }
+            }
+        }
+        busy |= engine.poll(now, &mut |i: usize, h: &[u8], p: &[&[u8]], t: &[u8]| {
+            transmit(&mut links[i], h, p, t)
+        });
+        for link in &mut links {
+            if link.has_pending_output() {
+                let _ = link.flush();
+            }
+        }
+        if busy {
+            continue;
+        }
+        let now = clock.now();
+        let mut wake = engine.poll_at(now);
+        if let Some(deadline) = stop_deadline {
+            wake = Some(wake.map_or(deadline, |w| w.min(deadline)));
+        }
+        if wake.is_some_and(|w| w <= now) {
+            continue;
+        }
+        let readable: Vec<RawFd> = links.iter().filter_map(FrameLink::raw_fd).collect();
+        let writable: Vec<RawFd> = links
+            .iter()
+            .filter(|l| l.has_pending_output())
+            .filter_map(FrameLink::raw_fd)
+            .collect();
+        if readable.len() < links.len() {
+            // A link without a descriptor (a listener's peer gone): nap.
+            let nap = wake.map_or(10_000_000, |w| (w - now).min(10_000_000));
+            std::thread::sleep(Duration::from_nanos(nap));
+        }
+        if !readable.is_empty() {
+            wait_ready(&readable, &writable, wake).map_err(|e| format!("ppoll: {e}"))?;
+        }
+    }
+    eprint!("{}", engine.stats());
+    eprintln!("brick-target: stopped");
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let worker = std::thread::Builder::new()
+        .name("brick-engine".into())
+        .stack_size(ENGINE_STACK)
+        .spawn(move || run(args));
+    signals::block_here();
+    match worker.map(|w| w.join()) {
+        Ok(Ok(Ok(()))) => ExitCode::SUCCESS,
+        Ok(Ok(Err(message))) => {
+            eprintln!("brick-target: {message}");
+            ExitCode::FAILURE
+        }
+        _ => {
+            eprintln!("brick-target: engine thread failed");
+            ExitCode::FAILURE
+        }
+    }
+}
