@@ -30,6 +30,9 @@ pub struct TestArgs {
     /// Skip the VM cases (lint and host tests only).
     #[arg(long)]
     host_only: bool,
+    /// Only these target kinds (linux-ref, brick-hosted); default: all.
+    #[arg(long = "target")]
+    targets: Vec<String>,
 }
 
 /// Which tier a case belongs to.
@@ -81,7 +84,7 @@ const CASES: &[Case] = &[
 
 /// The target kinds every suite runs against.
 fn target_kinds() -> Vec<TargetKind> {
-    vec![TargetKind::LinuxReference]
+    vec![TargetKind::LinuxReference, TargetKind::BrickHosted]
 }
 
 /// Case counts of one suite.
@@ -142,7 +145,13 @@ pub fn run(args: TestArgs) -> Result<()> {
                     .push(("vm images".into(), Duration::ZERO, counts));
             }
             Ok(images) => {
-                for kind in target_kinds() {
+                let kinds: Vec<TargetKind> = target_kinds()
+                    .into_iter()
+                    .filter(|k| {
+                        args.targets.is_empty() || args.targets.iter().any(|t| t == k.name())
+                    })
+                    .collect();
+                for kind in kinds {
                     let tier = if args.full { "full" } else { "smoke" };
                     let name = format!("vm {} ({tier})", kind.name());
                     let start = Instant::now();
@@ -420,6 +429,12 @@ fn verify_mixed(bed: &mut Bed) -> Result<()> {
 /// rping (rdma-core) between the VMs: the harness's rping overlay works
 /// and the link carries RDMA READ/WRITE/SEND both ways.
 fn rping_linux(bed: &mut Bed) -> Result<()> {
+    if !bed.target.runs_scripts() {
+        return Err(Skip(
+            "rping runs inside a Linux target VM; Brick's own rping is the brick-rping suite",
+        )
+        .into());
+    }
     let address = bed.target.descriptor.paths[0].target.clone();
     bed.target.run(&format!(
         "modprobe rdma_ucm\nbg rping rping -s -a {address} -v -S 3000\n"
@@ -437,6 +452,12 @@ fn rping_linux(bed: &mut Bed) -> Result<()> {
 
 /// MTU 9000 gives rxe a 4096-byte path MTU: frames above 4 KiB cross the link.
 fn jumbo_verify(bed: &mut Bed) -> Result<()> {
+    if !bed.target.runs_scripts() {
+        return Err(Skip(
+            "the hosted target's example manifests set MTU 1500 (a 9000-byte manifest is not written yet)",
+        )
+        .into());
+    }
     verify_case(bed, "128k", "8M", "")?;
     let largest = bed.relays[0].stats(crate::relay::A_TO_B).largest;
     if largest < 4096 + 14 + 20 + 8 + 12 {
@@ -475,10 +496,7 @@ fn two_devices(bed: &mut Bed) -> Result<()> {
 
 fn nvme_case(bed: &mut Bed, verify: &str) -> Result<()> {
     let Some(nvme) = bed.target.descriptor.nvme.clone() else {
-        bail!(
-            "{} exports no NVMe-oF namespace",
-            bed.target.descriptor.name
-        )
+        return Err(Skip("the target exports no NVMe-oF namespace").into());
     };
     let address = &bed.target.descriptor.paths[0].target;
     let script = format!(
@@ -507,6 +525,10 @@ fn nvme_verify_mixed(bed: &mut Bed) -> Result<()> {
 fn target_restart(bed: &mut Bed) -> Result<()> {
     let script = map_line(bed, "d", 0) + "echo $d > /tmp/restart.dev\nverify $d 4k 1M\n";
     bed.initiator.run(&script, 2 * MINUTE)?;
+    step(format!(
+        "restarting {} ({:?})",
+        bed.target.descriptor.name, bed.target.descriptor.restart
+    ));
     bed.restart_target()?;
     // The kick stands in for the initiator daemon: it skips RTRS's
     // heartbeat timeout and reconnect delay (target_restart_timing waits them out).

@@ -10,9 +10,12 @@
 
 use crate::qemu::{NicConfig, Vm, VmConfig};
 use crate::relay::Relay;
+use crate::util::step;
 use crate::vmimage::{Images, Overlays};
-use anyhow::{bail, Result};
-use std::time::Duration;
+use anyhow::{bail, Context, Result};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
 
 /// One network path: the target's and the initiator's addresses on it.
 #[derive(Clone, Debug)]
@@ -48,6 +51,8 @@ pub struct NvmeExport {
 pub enum Restart {
     /// Rebooting its VM (its NIC reconnects through the relay).
     Reboot,
+    /// Restarting its process (its links reconnect through the relay).
+    Process,
 }
 
 /// Everything a test needs to know about a target.
@@ -73,6 +78,8 @@ pub struct TargetDescriptor {
 pub enum TargetKind {
     /// Linux rnbd_server + rtrs_server + nvmet-rdma over rdma_rxe, brd RAM disks.
     LinuxReference,
+    /// The hosted Brick target (`brick-target`) serving an examples/ manifest.
+    BrickHosted,
 }
 
 impl TargetKind {
@@ -80,6 +87,7 @@ impl TargetKind {
     pub fn name(self) -> &'static str {
         match self {
             TargetKind::LinuxReference => "linux-ref",
+            TargetKind::BrickHosted => "brick-hosted",
         }
     }
 }
@@ -100,12 +108,51 @@ fn mac(path: usize, host: u8) -> String {
     format!("52:54:00:{:02x}:00:{host:02x}", 0x77 + path)
 }
 
+/// How a target runs.
+enum Runner {
+    /// A Linux VM (the reference target).
+    Vm {
+        vm: Option<Box<Vm>>,
+        config: VmConfig,
+    },
+    /// The hosted Brick target process, one `--link` per path.
+    Process {
+        child: Option<Child>,
+        command: Vec<String>,
+        log: PathBuf,
+    },
+}
+
 /// A running target.
 pub struct Target {
     /// What tests may rely on.
     pub descriptor: TargetDescriptor,
-    vm: Option<Vm>,
-    config: VmConfig,
+    runner: Runner,
+}
+
+/// The manifest the hosted Brick target serves with `paths` paths.
+fn brick_manifest(paths: usize) -> PathBuf {
+    let name = if paths > 1 {
+        "multipath.toml"
+    } else {
+        "two-ram-volumes.toml"
+    };
+    crate::paths::repo().join("examples").join(name)
+}
+
+/// Builds `brick-target` (release) and returns its path.
+pub fn build_brick_target() -> Result<PathBuf> {
+    step("building brick-target (release)");
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    crate::util::run(Command::new(cargo).current_dir(crate::paths::repo()).args([
+        "build",
+        "--release",
+        "-p",
+        "brick-target-image",
+        "--bin",
+        "brick-target",
+    ]))?;
+    Ok(crate::paths::repo().join("target/release/brick-target"))
 }
 
 impl Target {
@@ -147,58 +194,228 @@ impl Target {
                     restart: Restart::Reboot,
                     survives_loss: false,
                 };
-                let vm = Vm::spawn(images, config.clone())?;
+                let vm = Box::new(Vm::spawn(images, config.clone())?);
                 Ok(Target {
                     descriptor,
-                    vm: Some(vm),
-                    config,
+                    runner: Runner::Vm {
+                        vm: Some(vm),
+                        config,
+                    },
                 })
+            }
+            TargetKind::BrickHosted => {
+                let binary = build_brick_target()?;
+                let manifest_path = brick_manifest(relays.len());
+                let manifest =
+                    manifest::compile_file(&manifest_path).map_err(|e| anyhow::anyhow!("{e}"))?;
+                if manifest.interfaces.len() != relays.len() {
+                    bail!(
+                        "{} has {} interfaces, the bed has {} paths",
+                        manifest_path.display(),
+                        manifest.interfaces.len(),
+                        relays.len()
+                    );
+                }
+                let mut paths = Vec::new();
+                for (i, interface) in manifest.interfaces.iter().enumerate() {
+                    let expected = path_address(i);
+                    let address = interface.address.address.to_string();
+                    if address != expected.target || interface.mac.to_string() != mac(i, 1) {
+                        bail!(
+                            "{}: interface {i} is {address} / {}, the bed expects {} / {}",
+                            manifest_path.display(),
+                            interface.mac,
+                            expected.target,
+                            mac(i, 1)
+                        );
+                    }
+                    paths.push(PathAddress {
+                        prefix: interface.address.prefix,
+                        ..expected
+                    });
+                }
+                let volumes = manifest
+                    .volumes
+                    .iter()
+                    .map(|v| {
+                        let bytes = match &v.backing {
+                            manifest::config::Backing::Ram { size } => *size,
+                            other => bail!("volume {}: {other:?} is not a RAM volume", v.name),
+                        };
+                        Ok(Volume {
+                            device_path: v.device_path.clone(),
+                            bytes,
+                        })
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                let descriptor = TargetDescriptor {
+                    name: kind.name().to_string(),
+                    paths,
+                    volumes,
+                    nvme: None,
+                    restart: Restart::Process,
+                    survives_loss: true,
+                };
+                let mut command = vec![
+                    binary.display().to_string(),
+                    "--manifest".into(),
+                    manifest_path.display().to_string(),
+                ];
+                for relay in relays {
+                    command.push("--link".into());
+                    command.push(format!("frame:connect:{}", relay.b.display()));
+                }
+                let _ = mtu; // the manifest sets the interface MTU
+                let log = crate::paths::scratch("brick-target").join("brick-target.log");
+                let mut target = Target {
+                    descriptor,
+                    runner: Runner::Process {
+                        child: None,
+                        command,
+                        log,
+                    },
+                };
+                target.start_process()?;
+                Ok(target)
             }
         }
     }
 
-    /// Waits until the target serves its volumes.
-    fn wait_serving(&mut self) -> Result<()> {
-        let Some(vm) = self.vm.as_mut() else {
-            bail!("target is not running")
+    fn start_process(&mut self) -> Result<()> {
+        let Runner::Process {
+            child,
+            command,
+            log,
+        } = &mut self.runner
+        else {
+            bail!("not a process target")
         };
-        vm.wait_ready()?;
-        let mut script = format!("serve_rnbd 3 {REF_DISK_MIB}\n");
-        if let Some(nvme) = &self.descriptor.nvme {
-            script += &format!(
-                "serve_nvmet /dev/ram2 {} {}\n",
-                nvme.nqn, self.descriptor.paths[0].target
-            );
-        }
-        vm.run(&script, Duration::from_secs(60))?;
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&*log)?;
+        let spawned = Command::new(&command[0])
+            .args(&command[1..])
+            .stdin(Stdio::null())
+            .stdout(file.try_clone()?)
+            .stderr(file)
+            .spawn()
+            .with_context(|| format!("start {}", command[0]))?;
+        *child = Some(spawned);
         Ok(())
+    }
+
+    /// Waits until the target serves its volumes.
+    fn wait_serving(&mut self, relays: &[Relay]) -> Result<()> {
+        match &mut self.runner {
+            Runner::Vm { vm, .. } => {
+                let Some(vm) = vm.as_mut() else {
+                    bail!("target is not running")
+                };
+                vm.wait_ready()?;
+                let mut script = format!("serve_rnbd 3 {REF_DISK_MIB}\n");
+                if let Some(nvme) = &self.descriptor.nvme {
+                    script += &format!(
+                        "serve_nvmet /dev/ram2 {} {}\n",
+                        nvme.nqn, self.descriptor.paths[0].target
+                    );
+                }
+                vm.run(&script, Duration::from_secs(60))?;
+                Ok(())
+            }
+            Runner::Process { child, log, .. } => {
+                // Serving once every link is up on the relay.
+                let deadline = Instant::now() + Duration::from_secs(30);
+                loop {
+                    if let Some(status) = child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+                        let text = std::fs::read_to_string(&*log).unwrap_or_default();
+                        bail!("brick-target exited ({status}):\n{text}");
+                    }
+                    if relays.iter().all(|r| r.side(1).0) {
+                        return Ok(());
+                    }
+                    if Instant::now() > deadline {
+                        let text = std::fs::read_to_string(&*log).unwrap_or_default();
+                        bail!("brick-target did not connect its links in 30 s:\n{text}");
+                    }
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+            }
+        }
     }
 
     /// Restarts the target; its volumes come back empty (RAM) or intact
     /// (durable backends), and its NICs reconnect through the relays.
-    pub fn restart(&mut self, images: &Images) -> Result<()> {
-        match self.descriptor.restart {
-            Restart::Reboot => {
-                self.vm = None; // kills QEMU
-                self.vm = Some(Vm::spawn(images, self.config.clone())?);
-                self.wait_serving()
+    pub fn restart(&mut self, images: &Images, relays: &[Relay]) -> Result<()> {
+        match &mut self.runner {
+            Runner::Vm { vm, config } => {
+                *vm = None; // kills QEMU
+                *vm = Some(Box::new(Vm::spawn(images, config.clone())?));
+            }
+            Runner::Process { child, .. } => {
+                if let Some(mut old) = child.take() {
+                    let _ = old.kill();
+                    let _ = old.wait();
+                }
+                // The relay notices the old links closing before the new ones arrive.
+                std::thread::sleep(Duration::from_millis(200));
+                self.start_process()?;
             }
         }
+        self.wait_serving(relays)
+    }
+
+    /// Whether [`Target::run`] works (a Linux target VM).
+    pub fn runs_scripts(&self) -> bool {
+        matches!(self.runner, Runner::Vm { vm: Some(_), .. })
     }
 
     /// Runs a script on the target (Linux reference target only).
     pub fn run(&mut self, script: &str) -> Result<String> {
-        let Some(vm) = self.vm.as_mut() else {
-            bail!("target is not running")
-        };
-        vm.run(script, Duration::from_secs(120))
+        match &mut self.runner {
+            Runner::Vm { vm: Some(vm), .. } => vm.run(script, Duration::from_secs(120)),
+            _ => bail!("{} runs no scripts", self.descriptor.name),
+        }
     }
 
-    /// Console and dmesg of the target, for failure reports.
+    /// Console and dmesg (VM) or the log (process), for failure reports.
     pub fn diagnostics(&mut self) -> String {
-        match self.vm.as_mut() {
-            Some(vm) => format!("{:#}", vm.failure("target state at failure")),
-            None => "target not running".into(),
+        match &mut self.runner {
+            Runner::Vm { vm: Some(vm), .. } => {
+                format!("{:#}", vm.failure("target state at failure"))
+            }
+            Runner::Vm { vm: None, .. } => "target not running".into(),
+            Runner::Process { log, .. } => {
+                let text = std::fs::read_to_string(&*log).unwrap_or_default();
+                let tail: Vec<&str> = text.lines().rev().take(80).collect();
+                let tail: Vec<&str> = tail.into_iter().rev().collect();
+                format!(
+                    "--- brick-target log (last 80 lines) ---\n{}",
+                    tail.join("\n")
+                )
+            }
+        }
+    }
+}
+
+impl Drop for Target {
+    fn drop(&mut self) {
+        if let Runner::Process {
+            child: Some(child), ..
+        } = &mut self.runner
+        {
+            // SIGTERM first: the target prints its statistics on the way out.
+            // SAFETY: kill(2) on a child pid we own; no memory is involved.
+            unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+            let deadline = Instant::now() + Duration::from_secs(3);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = child.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
         }
     }
 }
@@ -288,7 +505,7 @@ impl Bed {
             })
             .collect();
         let mut initiator = Vm::spawn(images, initiator_config)?;
-        target.wait_serving()?;
+        target.wait_serving(&relays)?;
         initiator.wait_ready()?;
         let peers: Vec<String> = target
             .descriptor
@@ -319,7 +536,7 @@ impl Bed {
 
     /// Restarts the target in place.
     pub fn restart_target(&mut self) -> Result<()> {
-        self.target.restart(&self.images)
+        self.target.restart(&self.images, &self.relays)
     }
 
     /// `ip:A ip:B` path list for map_device, all paths.
