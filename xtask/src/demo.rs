@@ -1,8 +1,11 @@
 //! `cargo xtask demo` and `cargo xtask vm run`.
 //!
-//! Until Brick serves volumes itself, the demo boots the Linux pair (the
-//! reference target and the initiator VM), maps a volume with the stock
-//! rnbd_client, writes and verifies it, and says so plainly.
+//! The demo starts the hosted Brick target (`brick-target`) with the
+//! built-in demo manifest (`examples/two-ram-volumes.toml`: two 256 MiB RAM
+//! volumes), boots the Linux initiator VM on a relay link to it, maps
+//! `vol0` with the stock rnbd_client over rdma_rxe, writes and verifies it
+//! with fio, and unmaps it. (The bare-metal image and Brick's own
+//! userspace initiator take their places in the demo with their issues.)
 
 use crate::target::{Bed, BedConfig, TargetKind};
 use crate::util::step;
@@ -12,11 +15,11 @@ use std::time::Duration;
 
 pub fn run() -> Result<()> {
     let images = Images::build()?;
-    step("booting the Linux reference target and the Linux initiator VM (QEMU, TCG)");
-    let mut bed = Bed::start(&images, &BedConfig::new(TargetKind::LinuxReference))?;
+    step("starting the hosted Brick target (examples/two-ram-volumes.toml) and booting the Linux initiator VM (QEMU, TCG)");
+    let mut bed = Bed::start(&images, &BedConfig::new(TargetKind::BrickHosted))?;
     let volume = bed.target.descriptor.volumes[0].clone();
     step(format!(
-        "mapping {} from {} with the stock rnbd_client over rdma_rxe",
+        "mapping {} from Brick at {} with the stock rnbd_client over rdma_rxe",
         volume.device_path, bed.target.descriptor.paths[0].target
     ));
     let script = format!(
@@ -33,9 +36,8 @@ pub fn run() -> Result<()> {
     let output = bed.initiator.run(&script, Duration::from_secs(600))?;
     print!("{output}");
     println!(
-        "\nThis demo maps a volume from the Linux reference target (rnbd_server). \
-         Brick's own target arrives with the RTRS/RNBD server issue; then this demo \
-         maps a Brick volume instead."
+        "\nThe stock Linux rnbd_client mapped {} from Brick's hosted target over software RoCE.",
+        volume.device_path
     );
     Ok(())
 }
