@@ -120,6 +120,14 @@ pub fn run(args: BenchArgs) -> Result<()> {
                 detach: "nvme_disconnect $d",
             },
         ),
+        (
+            TargetKind::BrickHosted,
+            Column {
+                name: "brick hosted",
+                attach: attach_rnbd,
+                detach: "unmap $d",
+            },
+        ),
     ];
     let mut results: Vec<Vec<Vec<Sample>>> = Vec::new();
     let mut bed: Option<(TargetKind, Bed)> = None;
