@@ -6,6 +6,14 @@
 //! [`Bed`] ("a target at an address on a link"), so a new target kind only
 //! adds a line to [`target_kinds`]. Sizes suit TCG (~300 IOPS at 4 KiB):
 //! verifies of 4-16 MiB, not gigabytes.
+//!
+//! No case runs the Linux initiator through a lossy relay: Linux 6.1 rxe
+//! hangs IO under loss, as a target's requester after a retransmission
+//! (tests/vectors/README.md, rnbd-lossy-stall) and as the client (its
+//! fio never completes after "rxe_reg_fast_mr: mr->lkey ... not free";
+//! measured with random and with every-25th drops against both the Linux
+//! and the Brick target). Brick under loss is tested by the roce soak and
+//! by Brick's own initiator.
 
 use crate::target::{path_address, Bed, BedConfig, TargetKind};
 use crate::util::step;
@@ -79,7 +87,6 @@ const CASES: &[Case] = &[
     case("target_restart_timing", Tier::Full, 1, 1500, target_restart_timing),
     case("jumbo_verify", Tier::Full, 1, 9000, jumbo_verify),
     case("multipath_cut", Tier::Full, 2, 1500, multipath_cut),
-    case("lossy_verify", Tier::Full, 1, 1500, lossy_verify),
 ];
 
 /// The target kinds every suite runs against.
@@ -584,55 +591,5 @@ fn multipath_cut(bed: &mut Bed) -> Result<()> {
     bed.relays[1].set_cut(false);
     let script = "d=$(cat /tmp/mp.dev)\nreconnect_all s1\nverify $d 4k 2M\nunmap $d\n";
     bed.initiator.run(script, 5 * MINUTE)?;
-    Ok(())
-}
-
-/// fio verify through a lossy relay (the fault pattern of
-/// tests/vectors/rnbd-lossy.pcap): every 25th client request packet
-/// dropped, every 25th target ACK dropped, ACKs reordered. Only for
-/// targets that survive loss: the Linux pair does not (see the skip reason).
-fn lossy_verify(bed: &mut Bed) -> Result<()> {
-    use crate::relay::{Faults, A_TO_B, B_TO_A};
-    if !bed.target.descriptor.survives_loss {
-        return Err(Skip(
-            "Linux 6.1 rxe hangs IO under loss: as the target's requester after a \
-             retransmission (tests/vectors/README.md, rnbd-lossy-stall) and as the client \
-             (\"rxe_reg_fast_mr: mr->lkey ... not free\" after ~2 min of every-25th drops)",
-        )
-        .into());
-    }
-    const ACKNOWLEDGE: u8 = 0x11;
-    let requests: Vec<u8> = (0x00..=0x10).chain([0x16, 0x17]).collect();
-    let relay = &bed.relays[0];
-    relay.set_faults(
-        A_TO_B,
-        Faults {
-            drop_every: Some((25, 0)),
-            opcodes: requests,
-            ..Faults::default()
-        },
-    );
-    relay.set_faults(
-        B_TO_A,
-        Faults {
-            drop_every: Some((25, 13)),
-            reorder_rate: 0.025,
-            opcodes: vec![ACKNOWLEDGE],
-            ..Faults::default()
-        },
-    );
-    let result = verify_case(bed, "4k", "1M", "");
-    let relay = &bed.relays[0];
-    let (up, down) = (relay.stats(A_TO_B), relay.stats(B_TO_A));
-    relay.set_faults(A_TO_B, Faults::default());
-    relay.set_faults(B_TO_A, Faults::default());
-    result?;
-    step(format!("lossy link: {}", relay.summary()));
-    if up.dropped == 0 || down.dropped == 0 || down.reordered == 0 {
-        bail!(
-            "the lossy link injected too little to mean anything: {}",
-            relay.summary()
-        );
-    }
     Ok(())
 }

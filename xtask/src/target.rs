@@ -68,9 +68,6 @@ pub struct TargetDescriptor {
     pub nvme: Option<NvmeExport>,
     /// Restart support.
     pub restart: Restart,
-    /// Whether IO survives a lossy link (the Linux pair does not: its rxe
-    /// hangs IO after retransmissions).
-    pub survives_loss: bool,
 }
 
 /// The kinds of target the suites know.
@@ -192,7 +189,6 @@ impl Target {
                         bytes,
                     }),
                     restart: Restart::Reboot,
-                    survives_loss: false,
                 };
                 let vm = Box::new(Vm::spawn(images, config.clone())?);
                 Ok(Target {
@@ -254,7 +250,6 @@ impl Target {
                     volumes,
                     nvme: None,
                     restart: Restart::Process,
-                    survives_loss: true,
                 };
                 let mut command = vec![
                     binary.display().to_string(),
