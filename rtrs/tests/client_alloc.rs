@@ -5,8 +5,10 @@
 //! loopback provider (`InFabric`) and in the test harness are not counted.
 
 mod client_support;
+#[path = "common/counting_alloc.rs"]
+#[macro_use]
+mod counting_alloc;
 
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 
 use client_support::*;
@@ -14,52 +16,7 @@ use rtrs::client::{ClientIo, Direction, Event, ReadBuffer};
 use rtrs::server::Event as ServerEvent;
 use verbs::{AccessFlags, Memory, Sge, Sgl};
 
-thread_local! {
-    static ARMED: Cell<bool> = const { Cell::new(false) };
-    static COUNT: Cell<u64> = const { Cell::new(0) };
-}
-
-struct Counting;
-
-// SAFETY: delegates to `System`, only adding thread-local bookkeeping that
-// does not allocate.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        note();
-        // SAFETY: same contract as the caller's.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: same contract as the caller's.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        note();
-        // SAFETY: same contract as the caller's.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
-fn note() {
-    let _ = ARMED.try_with(|armed| {
-        if armed.get() && FABRIC_DEPTH.try_with(Cell::get).unwrap_or(1) == 0 {
-            let _ = COUNT.try_with(|count| count.set(count.get() + 1));
-        }
-    });
-}
-
-#[global_allocator]
-static ALLOCATOR: Counting = Counting;
-
-/// Runs `f` with client allocations counted.
-fn armed<R>(f: impl FnOnce() -> R) -> R {
-    ARMED.with(|a| a.set(true));
-    let result = f();
-    ARMED.with(|a| a.set(false));
-    result
-}
+counting_allocator!(FABRIC_DEPTH);
 
 /// `Pair::settle` with only the client's calls counted.
 fn settle(pair: &mut Pair) {

@@ -4,60 +4,17 @@
 //! Allocations made inside the mock provider are not counted (`InMock`).
 
 mod server_support;
+#[path = "common/counting_alloc.rs"]
+#[macro_use]
+mod counting_alloc;
 
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 
 use rtrs::server::{Event, ReadData};
 use server_support::*;
 use verbs::Rkey;
 
-thread_local! {
-    static ARMED: Cell<bool> = const { Cell::new(false) };
-    static COUNT: Cell<u64> = const { Cell::new(0) };
-}
-
-struct Counting;
-
-// SAFETY: delegates to `System`, only adding thread-local bookkeeping that
-// does not allocate.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        note();
-        // SAFETY: same contract as the caller's.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: same contract as the caller's.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        note();
-        // SAFETY: same contract as the caller's.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
-fn note() {
-    let _ = ARMED.try_with(|armed| {
-        if armed.get() && MOCK_DEPTH.try_with(Cell::get).unwrap_or(1) == 0 {
-            let _ = COUNT.try_with(|count| count.set(count.get() + 1));
-        }
-    });
-}
-
-#[global_allocator]
-static ALLOCATOR: Counting = Counting;
-
-/// Runs `f` with server allocations counted.
-fn armed<R>(f: impl FnOnce() -> R) -> R {
-    ARMED.with(|a| a.set(true));
-    let result = f();
-    ARMED.with(|a| a.set(false));
-    result
-}
+counting_allocator!(MOCK_DEPTH);
 
 fn round(h: &mut Harness, path: &mut ClientPath, events: &mut Vec<Event>, chunk: u32) {
     path.write(h, 1, chunk, &[1; 32], &[2; 4096]);

@@ -1,0 +1,66 @@
+//! A counting global allocator for the no-allocation tests (DESIGN.md §6).
+//!
+//! `counting_allocator!(DEPTH)` installs it; allocations are counted in
+//! `COUNT` only inside `armed(..)` and only while the thread-local `DEPTH`
+//! (the test provider's own nesting counter, so its allocations are not
+//! blamed on the code under test) is zero.
+
+/// Installs the counting allocator; `$excluded` names a
+/// `thread_local!` `Cell<u32>`-like depth whose non-zero value excludes
+/// allocations from the count.
+#[macro_export]
+macro_rules! counting_allocator {
+    ($excluded:ident) => {
+        thread_local! {
+            static ARMED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+            static COUNT: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+        }
+
+        struct Counting;
+
+        // SAFETY: delegates to `System`, only adding thread-local bookkeeping
+        // that does not allocate.
+        unsafe impl std::alloc::GlobalAlloc for Counting {
+            unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
+                note();
+                // SAFETY: same contract as the caller's.
+                unsafe { std::alloc::System.alloc(layout) }
+            }
+
+            unsafe fn dealloc(&self, ptr: *mut u8, layout: std::alloc::Layout) {
+                // SAFETY: same contract as the caller's.
+                unsafe { std::alloc::System.dealloc(ptr, layout) }
+            }
+
+            unsafe fn realloc(
+                &self,
+                ptr: *mut u8,
+                layout: std::alloc::Layout,
+                new_size: usize,
+            ) -> *mut u8 {
+                note();
+                // SAFETY: same contract as the caller's.
+                unsafe { std::alloc::System.realloc(ptr, layout, new_size) }
+            }
+        }
+
+        fn note() {
+            let _ = ARMED.try_with(|armed| {
+                if armed.get() && $excluded.try_with(std::cell::Cell::get).unwrap_or(1) == 0 {
+                    let _ = COUNT.try_with(|count| count.set(count.get() + 1));
+                }
+            });
+        }
+
+        #[global_allocator]
+        static ALLOCATOR: Counting = Counting;
+
+        /// Runs `f` with allocations counted.
+        fn armed<R>(f: impl FnOnce() -> R) -> R {
+            ARMED.with(|a| a.set(true));
+            let result = f();
+            ARMED.with(|a| a.set(false));
+            result
+        }
+    };
+}
