@@ -14,14 +14,16 @@
 //! stale buffer, read-only), the file device's durability across a reopen
 //! (flush, FUA) and its fallbacks on tmpfs.
 
+#[path = "common/buffers.rs"]
+mod buffers;
+use buffers::Buffers;
+
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use hal::block::ram::RamDisk;
-use hal::block::{
-    BlockDevice, BufferAccess, BufferError, Completion, IoError, Op, OpKind, Request, SubmitError,
-};
+use hal::block::{BlockDevice, BufferError, Completion, IoError, Op, OpKind, Request, SubmitError};
 use hal::hosted::{wait_readable, FileConfig, FileDevice, MonotonicClock};
 use hal::Clock;
 use proptest::prelude::*;
@@ -31,41 +33,6 @@ const BLOCKS: u64 = 64;
 const SIZE: u64 = BLOCKS * BLOCK as u64;
 const MAX_BLOCKS: u32 = 16;
 const QUEUE: usize = 8;
-
-/// The caller's buffers: handle = index.
-struct Buffers(Vec<Vec<u8>>);
-
-impl Buffers {
-    fn new(count: usize, len: usize) -> Self {
-        Self(vec![vec![0; len]; count])
-    }
-}
-
-impl BufferAccess<usize> for Buffers {
-    fn with_slice<R>(
-        &self,
-        buffer: usize,
-        len: u32,
-        f: impl FnOnce(&[u8]) -> R,
-    ) -> Result<R, BufferError> {
-        let buffer = self.0.get(buffer).ok_or(BufferError::Stale)?;
-        Ok(f(buffer
-            .get(..len as usize)
-            .ok_or(BufferError::TooShort)?))
-    }
-
-    fn with_slice_mut<R>(
-        &mut self,
-        buffer: usize,
-        len: u32,
-        f: impl FnOnce(&mut [u8]) -> R,
-    ) -> Result<R, BufferError> {
-        let buffer = self.0.get_mut(buffer).ok_or(BufferError::Stale)?;
-        Ok(f(buffer
-            .get_mut(..len as usize)
-            .ok_or(BufferError::TooShort)?))
-    }
-}
 
 /// A file in the target's temporary directory (a real file system), removed
 /// on drop.

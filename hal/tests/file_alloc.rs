@@ -5,12 +5,16 @@
 //! Its own test binary without the libtest harness (`harness = false`), so
 //! no other test or harness thread allocates while the counter is armed.
 
+#[path = "common/buffers.rs"]
+mod buffers;
+use buffers::Buffers;
+
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use hal::block::ram::RamDisk;
-use hal::block::{BlockDevice, BufferAccess, BufferError, Op, Request};
+use hal::block::{BlockDevice, Op, Request};
 use hal::hosted::{wait_readable, FileConfig, FileDevice};
 
 static ARMED: AtomicBool = AtomicBool::new(false);
@@ -59,35 +63,6 @@ const BLOCKS: u64 = 256;
 const DEPTH: usize = 16;
 const WARM_UP: u64 = 2_000;
 const MEASURED: u64 = 10_000;
-
-/// Fixed buffers: handle = index.
-struct Buffers(Vec<Vec<u8>>);
-
-impl BufferAccess<usize> for Buffers {
-    fn with_slice<R>(
-        &self,
-        buffer: usize,
-        len: u32,
-        f: impl FnOnce(&[u8]) -> R,
-    ) -> Result<R, BufferError> {
-        let buffer = self.0.get(buffer).ok_or(BufferError::Stale)?;
-        Ok(f(buffer
-            .get(..len as usize)
-            .ok_or(BufferError::TooShort)?))
-    }
-
-    fn with_slice_mut<R>(
-        &mut self,
-        buffer: usize,
-        len: u32,
-        f: impl FnOnce(&mut [u8]) -> R,
-    ) -> Result<R, BufferError> {
-        let buffer = self.0.get_mut(buffer).ok_or(BufferError::Stale)?;
-        Ok(f(buffer
-            .get_mut(..len as usize)
-            .ok_or(BufferError::TooShort)?))
-    }
-}
 
 /// The `number`th IO of the steady-state mix, using buffer `buffer`.
 fn op(number: u64, buffer: usize) -> Op<usize> {
