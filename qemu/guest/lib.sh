@@ -120,6 +120,39 @@ verify() {
     log "verify $dev bs=$bs size=$size ok"
 }
 
+# durable_writer DEVICE MAX: writes block i (a 4 KiB record naming i) with
+# O_DIRECT + fsync, logs each acknowledged i to /tmp/acked and each failed
+# attempt to /tmp/failed (then retries the same block), until
+# /tmp/writer.stop exists or MAX blocks are written.
+durable_writer() {
+    i=0; : > /tmp/acked; : > /tmp/failed
+    while [ ! -e /tmp/writer.stop ] && [ $i -lt $2 ]; do
+        { printf 'brick-durable-%08d\n' $i; head -c 4073 /dev/zero; } > /tmp/block
+        if dd if=/tmp/block of=/dev/$1 bs=4096 seek=$i count=1 oflag=direct conv=notrunc,fsync 2>/dev/null; then
+            echo $i >> /tmp/acked; i=$((i + 1))
+        else
+            echo $i >> /tmp/failed; sleep 0.5
+        fi
+    done
+    log "writer: $(wc -l < /tmp/acked) acknowledged, $(wc -l < /tmp/failed) failed attempts"
+}
+
+# check_acked DEVICE: every block durable_writer acknowledged reads back.
+check_acked() {
+    n=$(wc -l < /tmp/acked)
+    [ $n -gt 0 ] || die "no acknowledged writes to check"
+    dd if=/dev/$1 of=/tmp/readback bs=4096 count=$n iflag=direct 2>/dev/null || die "read back $1"
+    bad=0
+    for i in $(cat /tmp/acked); do
+        got=$(dd if=/tmp/readback bs=4096 skip=$i count=1 2>/dev/null | head -c 22)
+        if [ "$got" != "$(printf 'brick-durable-%08d' $i)" ]; then
+            bad=$((bad + 1)); [ $bad -le 5 ] && log "block $i reads '$got'"
+        fi
+    done
+    [ $bad = 0 ] || die "$bad of $n acknowledged writes lost"
+    log "all $n acknowledged writes read back"
+}
+
 # Runs a command in the background; bgwait NAME collects its status.
 bg() { name=$1; shift; ( "$@" > /tmp/bg.$name.out 2>&1; echo $? > /tmp/bg.$name.rc ) & }
 bgwait() {

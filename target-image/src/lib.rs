@@ -32,11 +32,20 @@
 //! }
 //! ```
 //!
+//! # Volumes
+//!
+//! Every volume is a [`hal::block::BlockDevice`] over [`Chunk`] handles:
+//! the engine submits a checked request naming the chunk that holds (or
+//! receives) the data, parks it if the device queue is full, and answers
+//! the RTRS request when the device's completion comes back from
+//! [`Engine::poll`]. RAM volumes ([`RamVolume`]) complete within the same
+//! poll; hosted files and block devices (`hosted::HostedVolume`) complete
+//! from a worker pool. A session that closes with IO in flight stays in the
+//! table until its last completion is reported to RNBD (its answers are
+//! dropped by RTRS).
+//!
 //! # Limits of this version
 //!
-//! * Volumes are RAM only, behind the small synchronous [`volume::Volume`]
-//!   trait; `hal::block` will take its place (files, block devices,
-//!   virtio-blk, asynchronous completion).
 //! * Each interface has its own RTRS server, so a multipath client's paths
 //!   over two interfaces are two sessions to the engine.
 //! * ICMP echo requests to an interface address are answered (so a peer can
@@ -48,19 +57,29 @@
 
 extern crate alloc;
 
-pub mod volume;
+#[cfg(feature = "std")]
+extern crate std;
+
+#[cfg(feature = "std")]
+pub mod hosted;
 
 use alloc::boxed::Box;
+use alloc::collections::VecDeque;
 use alloc::string::String;
 use alloc::vec::Vec;
 use core::fmt;
 use core::net::{IpAddr, Ipv4Addr};
 
+use hal::block::ram::RamDisk;
+use hal::block::{
+    BlockDevice, BufferAccess, BufferError, Completion as DeviceCompletion, DeviceInfo, Op,
+    Request as DeviceRequest, SubmitError,
+};
 use manifest::binary::{Backing, Manifest};
 use manifest::AccessMode;
 use rnbd::server::{
-    Action, BlockOp, BlockRequest, Export, Exports, Grant, IoError, LookupError, Request, VolumeId,
-    VolumeInfo,
+    Action, BlockOp, DiscardLimits, Export, Exports, Grant, IoError, IoTicket, LookupError,
+    Request, VolumeId, VolumeInfo,
 };
 use rnbd::wire::RtrsDirection;
 use roce::hca::{Hca, HcaConfig};
@@ -68,8 +87,6 @@ use rtrs::server::{
     Event, IoDirection, IoToken, PathId, ReadData, Server, ServerConfig, SessionId,
 };
 use verbs::{KeySource, Memory, MemoryHandle};
-
-use crate::volume::{RamVolume, Volume};
 
 /// Logs one line through the engine's logger (fields borrowed disjointly).
 macro_rules! log {
@@ -89,15 +106,36 @@ pub const HCA_CQ: usize = 4096;
 /// Registered-memory pools (one per path, replacements included) each HCA
 /// can hold at most.
 pub const MAX_PATH_POOLS: u64 = 8;
+/// Completions a RAM volume holds between two polls.
+pub const RAM_QUEUE: usize = 1024;
 /// Largest RNBD message copied out of a chunk (an OPEN is under 200 bytes).
 const MAX_USER_HEADER: usize = 1024;
 /// Frames of ICMP echo replies held per interface.
 const ICMP_REPLY_LEN: usize = 1514;
 /// Deferred CLOSE answers held at once.
 const MAX_DEFERRED: usize = 64;
+/// Device completions handled per volume per poll.
+const COMPLETION_BURST: usize = 64;
+/// Largest discard advertised, in 512-byte sectors (8 MiB: a RAM volume
+/// zeroes it within one poll).
+const MAX_DISCARD_SECTORS: u32 = 16 * 1024;
 
 /// The engine's HCA type.
 pub type EngineHca<K> = Hca<Vec<u8>, K, HCA_REGIONS, HCA_QPS, HCA_CQ>;
+
+/// A chunk's data area as a volume sees it: the interface whose registered
+/// memory holds it and the memory handle. Volumes reach the bytes only
+/// through the engine's [`BufferAccess`], which checks both.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Chunk {
+    /// Interface (HCA) index.
+    pub port: usize,
+    /// The chunk's data area.
+    pub handle: MemoryHandle,
+}
+
+/// A RAM volume: zeroed at boot, completes within the poll that submits.
+pub type RamVolume = RamDisk<Vec<u8>, Chunk, RAM_QUEUE>;
 
 /// Where the engine sends frames: interface index plus the HCA's
 /// scatter-gather frame (headers, payload pieces, trailer).
@@ -118,12 +156,13 @@ impl<F: FnMut(usize, &[u8], &[&[u8]], &[u8])> Transmit for F {
 pub enum BuildError {
     /// The manifest names no interface.
     NoInterface,
-    /// A volume kind this engine does not serve yet (name, kind).
-    UnsupportedVolume(String, &'static str),
+    /// A volume could not be opened or is not served by this build
+    /// (name, why).
+    Volume(String, String),
     /// More volumes than RNBD's table holds.
     TooManyVolumes,
-    /// A volume does not fit this machine's address space.
-    VolumeTooLarge(String),
+    /// A volume's geometry cannot be announced over RNBD (name, why).
+    Geometry(String, &'static str),
     /// The manifest limits do not make a valid RTRS configuration.
     Config(rtrs::server::ConfigError),
     /// The RTRS server could not listen.
@@ -134,11 +173,9 @@ impl fmt::Display for BuildError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::NoInterface => f.write_str("the manifest has no interface"),
-            Self::UnsupportedVolume(name, kind) => {
-                write!(f, "volume {name}: kind {kind} is not served yet (RAM only)")
-            }
+            Self::Volume(name, why) => write!(f, "volume {name}: {why}"),
             Self::TooManyVolumes => f.write_str("more volumes than RNBD can index"),
-            Self::VolumeTooLarge(name) => write!(f, "volume {name} does not fit in memory"),
+            Self::Geometry(name, why) => write!(f, "volume {name}: {why}"),
             Self::Config(e) => write!(f, "RTRS configuration: {e}"),
             Self::Listen(e) => write!(f, "listen: {e:?}"),
         }
@@ -146,6 +183,64 @@ impl fmt::Display for BuildError {
 }
 
 impl core::error::Error for BuildError {}
+
+/// Builds the RAM volume a manifest entry asks for; every other kind is
+/// refused (the hosted runner and the image open theirs).
+///
+/// # Errors
+/// [`BuildError::Volume`] for a kind that is not RAM or a size this machine
+/// cannot hold.
+pub fn ram_volume(volume: &manifest::binary::Volume<'_>) -> Result<RamVolume, BuildError> {
+    let Backing::Ram { size } = volume.backing else {
+        return Err(BuildError::Volume(
+            volume.name.into(),
+            alloc::format!(
+                "kind {} is not served by this engine (RAM only)",
+                volume.backing.kind().as_str()
+            ),
+        ));
+    };
+    let bytes = usize::try_from(size)
+        .map_err(|_| BuildError::Volume(volume.name.into(), "does not fit in memory".into()))?;
+    Ok(RamDisk::new(alloc::vec![0; bytes]))
+}
+
+/// What RNBD announces for a device: geometry from the device, write cache
+/// and FUA as the device really has them, discard and write-zeroes if it
+/// does them.
+///
+/// # Errors
+/// [`BuildError::Geometry`] for block sizes RNBD cannot carry.
+pub fn volume_info(
+    id: VolumeId,
+    name: &str,
+    device: &DeviceInfo,
+) -> Result<VolumeInfo, BuildError> {
+    let geometry = |why| BuildError::Geometry(name.into(), why);
+    let logical = u16::try_from(device.logical_block_size)
+        .ok()
+        .filter(|b| b.is_power_of_two() && (512..=4096).contains(b))
+        .ok_or_else(|| geometry("logical block size is not a power of two in 512..=4096"))?;
+    let physical = u16::try_from(device.physical_block_size.max(device.logical_block_size))
+        .map_err(|_| geometry("physical block size over 32 KiB"))?;
+    if device.size < u64::from(logical) {
+        return Err(geometry("smaller than one block"));
+    }
+    let mut info = VolumeInfo::new(id, device.size / 512);
+    info.logical_block_size = logical;
+    info.physical_block_size = physical;
+    info.write_cache = device.volatile_write_cache && !device.read_only;
+    info.fua = info.write_cache && device.fua;
+    if !device.read_only {
+        info.discard = device.discard.map(|discard| DiscardLimits {
+            max_sectors: MAX_DISCARD_SECTORS,
+            granularity: discard.granularity.max(u32::from(logical)),
+            alignment: 0,
+        });
+        info.secure_erase = device.write_zeroes && info.discard.is_some();
+    }
+    Ok(info)
+}
 
 /// One served interface: its HCA (inside the RTRS server) and a pending
 /// ICMP echo reply.
@@ -165,6 +260,10 @@ struct SessionEntry {
     source: Option<Ipv4Addr>,
     paths: heapless::Vec<PathId, 8>,
     rnbd: rnbd::server::Session,
+    /// RTRS closed the session; the entry stays until its IO drains.
+    closed: bool,
+    /// Device IOs submitted and not completed.
+    in_flight: u32,
 }
 
 /// A deferred CLOSE: its tag and the request to answer.
@@ -175,22 +274,43 @@ struct Deferred {
     token: IoToken,
 }
 
+/// A block request handed to a volume, waiting for its completion.
+struct PendingIo {
+    interface: usize,
+    session: SessionId,
+    token: IoToken,
+    ticket: IoTicket,
+}
+
+/// Per-volume counters the engine keeps (RNBD keeps the per-op ones).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct VolumeCounters {
+    /// Requests that waited for room in the device queue.
+    pub parked: u64,
+    /// Requests the device refused or failed.
+    pub device_errors: u64,
+}
+
 /// A served volume.
-struct Served {
+struct Served<D> {
     name: String,
     info: VolumeInfo,
-    store: RamVolume,
+    device: D,
+    /// Requests waiting for room in the device queue (capacity: every
+    /// request the engine can hold).
+    parked: VecDeque<DeviceRequest<Chunk>>,
+    counters: VolumeCounters,
 }
 
 /// The export table as one session sees it (rnbd::server::Exports).
-struct SessionExports<'e, 'm> {
+struct SessionExports<'e, 'm, D> {
     manifest: &'e Manifest<'m>,
-    volumes: &'e [Served],
+    volumes: &'e [Served<D>],
     session: &'e str,
     source: Ipv4Addr,
 }
 
-impl Exports for SessionExports<'_, '_> {
+impl<D> Exports for SessionExports<'_, '_, D> {
     fn lookup(&self, device_path: &str) -> Result<Export, LookupError> {
         let (index, _) = self
             .manifest
@@ -206,6 +326,50 @@ impl Exports for SessionExports<'_, '_> {
             volume: served.info,
             grant,
         })
+    }
+}
+
+/// The chunks of every interface, as volumes reach them.
+struct ChunkMemory<'a, K: KeySource> {
+    interfaces: &'a mut [Interface<K>],
+}
+
+impl<K: KeySource> BufferAccess<Chunk> for ChunkMemory<'_, K> {
+    fn with_slice<R>(
+        &self,
+        buffer: Chunk,
+        len: u32,
+        f: impl FnOnce(&[u8]) -> R,
+    ) -> Result<R, BufferError> {
+        if len > buffer.handle.len() {
+            return Err(BufferError::TooShort);
+        }
+        let iface = self.interfaces.get(buffer.port).ok_or(BufferError::Stale)?;
+        iface
+            .server
+            .verbs()
+            .with_slice(buffer.handle, 0, len, f)
+            .map_err(|_| BufferError::Stale)
+    }
+
+    fn with_slice_mut<R>(
+        &mut self,
+        buffer: Chunk,
+        len: u32,
+        f: impl FnOnce(&mut [u8]) -> R,
+    ) -> Result<R, BufferError> {
+        if len > buffer.handle.len() {
+            return Err(BufferError::TooShort);
+        }
+        let iface = self
+            .interfaces
+            .get_mut(buffer.port)
+            .ok_or(BufferError::Stale)?;
+        iface
+            .server
+            .verbs_mut()
+            .with_slice_mut(buffer.handle, 0, len, f)
+            .map_err(|_| BufferError::Stale)
     }
 }
 
@@ -228,63 +392,92 @@ pub fn server_config(manifest: &Manifest<'_>) -> ServerConfig {
 /// chunk pools (bounded by what the limits can use) plus control buffers.
 pub fn arena_bytes(config: &ServerConfig) -> usize {
     let per_path = u64::from(config.queue_depth) * (u64::from(config.chunk_size) + 64) + (1 << 16);
-    let pools = (u64::from(config.max_sessions) * u64::from(config.max_paths_per_session) * 2)
-        .clamp(2, MAX_PATH_POOLS);
-    usize::try_from(per_path * pools).unwrap_or(usize::MAX)
+    usize::try_from(per_path * path_pools(config)).unwrap_or(usize::MAX)
+}
+
+/// Path chunk pools one HCA holds at most.
+fn path_pools(config: &ServerConfig) -> u64 {
+    (u64::from(config.max_sessions) * u64::from(config.max_paths_per_session) * 2)
+        .clamp(2, MAX_PATH_POOLS)
+}
+
+/// Requests the engine can hold at once over `interfaces` interfaces: every
+/// chunk of every pool.
+pub fn max_requests(config: &ServerConfig, interfaces: usize) -> usize {
+    usize::try_from(path_pools(config) * u64::from(config.queue_depth))
+        .unwrap_or(usize::MAX)
+        .saturating_mul(interfaces)
 }
 
 /// Where log lines go: one call per line.
 type Logger<'m> = Box<dyn FnMut(fmt::Arguments<'_>) + 'm>;
 
 /// The target engine. See the crate docs.
-pub struct Engine<'m, K: KeySource> {
+pub struct Engine<'m, K: KeySource, D: BlockDevice<Chunk> = RamVolume> {
     manifest: Manifest<'m>,
     interfaces: Vec<Interface<K>>,
     rnbd: rnbd::server::Server,
     sessions: Vec<SessionEntry>,
     session_capacity: usize,
-    volumes: Vec<Served>,
+    volumes: Vec<Served<D>>,
     deferred: Vec<Deferred>,
+    /// Requests handed to volumes, by device tag.
+    pending: Vec<Option<PendingIo>>,
+    /// Free indices of `pending`.
+    free_pending: Vec<u32>,
     next_tag: u32,
     logger: Option<Logger<'m>>,
     /// IO requests answered (all sessions).
     answered: u64,
 }
 
-impl<'m, K: KeySource> Engine<'m, K> {
-    /// Builds the engine from a checked manifest: volumes, one HCA and RTRS
-    /// server per interface (listening), the RNBD server. `keys(i)` gives
-    /// interface `i`'s random source (R_Keys, QPNs, PSNs, CM ids). All
-    /// memory is allocated here.
+impl<'m, K: KeySource> Engine<'m, K, RamVolume> {
+    /// Builds an engine serving RAM volumes only (see
+    /// [`with_volumes`](Engine::with_volumes)).
     ///
     /// # Errors
-    /// [`BuildError`] for what the manifest asks and this engine cannot do.
-    pub fn new(
+    /// [`BuildError`] for what the manifest asks and this engine cannot do
+    /// (a volume kind other than RAM among them).
+    pub fn new(manifest: Manifest<'m>, keys: impl FnMut(usize) -> K) -> Result<Self, BuildError> {
+        Self::with_volumes(manifest, keys, |_, volume| ram_volume(volume))
+    }
+}
+
+impl<'m, K: KeySource, D: BlockDevice<Chunk>> Engine<'m, K, D> {
+    /// Builds the engine from a checked manifest: `open(config, volume)`
+    /// opens each volume's device (`config` is the RTRS configuration the
+    /// manifest makes: queue depth and chunk size bound what devices see),
+    /// one HCA and RTRS server per interface (listening), the RNBD server.
+    /// `keys(i)` gives interface `i`'s random source (R_Keys, QPNs, PSNs, CM
+    /// ids). All memory is allocated here.
+    ///
+    /// # Errors
+    /// [`BuildError`] for what the manifest asks and this engine cannot do,
+    /// and whatever `open` returns.
+    pub fn with_volumes(
         manifest: Manifest<'m>,
         mut keys: impl FnMut(usize) -> K,
+        mut open: impl FnMut(&ServerConfig, &manifest::binary::Volume<'_>) -> Result<D, BuildError>,
     ) -> Result<Self, BuildError> {
         if manifest.interface_count() == 0 {
             return Err(BuildError::NoInterface);
         }
+        let config = server_config(&manifest);
+        config.check().map_err(BuildError::Config)?;
+        let requests = max_requests(&config, manifest.interface_count());
         let mut volumes = Vec::with_capacity(manifest.volume_count());
         for (index, volume) in manifest.volumes().enumerate() {
             let id = VolumeId::try_new(index).ok_or(BuildError::TooManyVolumes)?;
-            let Backing::Ram { size } = volume.backing else {
-                return Err(BuildError::UnsupportedVolume(
-                    volume.name.into(),
-                    volume.backing.kind().as_str(),
-                ));
-            };
-            let bytes = usize::try_from(size)
-                .map_err(|_| BuildError::VolumeTooLarge(volume.name.into()))?;
+            let device = open(&config, &volume)?;
+            let info = volume_info(id, volume.name, &device.info())?;
             volumes.push(Served {
                 name: volume.name.into(),
-                info: VolumeInfo::new(id, size / 512),
-                store: RamVolume::new(bytes),
+                info,
+                device,
+                parked: VecDeque::with_capacity(requests),
+                counters: VolumeCounters::default(),
             });
         }
-        let config = server_config(&manifest);
-        config.check().map_err(BuildError::Config)?;
         let arena = arena_bytes(&config);
         let mut interfaces = Vec::with_capacity(manifest.interface_count());
         for (index, iface) in manifest.interfaces().enumerate() {
@@ -307,17 +500,23 @@ impl<'m, K: KeySource> Engine<'m, K> {
                 icmp_len: 0,
             });
         }
-        let session_capacity = usize::from(config.max_sessions) * interfaces.len();
-        let mut sessions = Vec::with_capacity(session_capacity);
-        sessions.clear();
+        // Closed sessions linger while their IO drains: room for as many.
+        let session_capacity = usize::from(config.max_sessions) * interfaces.len() * 2;
+        let mut pending = Vec::with_capacity(requests);
+        pending.resize_with(requests, || None);
+        let free_pending = (0..u32::try_from(requests).unwrap_or(u32::MAX))
+            .rev()
+            .collect();
         Ok(Self {
             manifest,
             interfaces,
             rnbd: rnbd::server::Server::new(),
-            sessions,
+            sessions: Vec::with_capacity(session_capacity),
             session_capacity,
             volumes,
             deferred: Vec::with_capacity(MAX_DEFERRED),
+            pending,
+            free_pending,
             next_tag: 0,
             logger: None,
             answered: 0,
@@ -344,14 +543,36 @@ impl<'m, K: KeySource> Engine<'m, K> {
         self.interfaces.get(interface).map(|i| &*i.server)
     }
 
-    /// Open RNBD sessions.
+    /// Open RNBD sessions (closed ones still draining IO not counted).
     pub fn session_count(&self) -> usize {
-        self.sessions.len()
+        self.sessions.iter().filter(|s| !s.closed).count()
     }
 
     /// IO requests answered so far.
     pub fn answered(&self) -> u64 {
         self.answered
+    }
+
+    /// Block requests handed to volumes and not completed yet (parked ones
+    /// included).
+    pub fn volume_requests_in_flight(&self) -> usize {
+        self.pending.len() - self.free_pending.len()
+    }
+
+    /// Volume `index`'s device (tests, statistics).
+    pub fn volume(&self, index: usize) -> Option<&D> {
+        self.volumes.get(index).map(|v| &v.device)
+    }
+
+    /// Volume `index`'s engine counters.
+    pub fn volume_counters(&self, index: usize) -> Option<VolumeCounters> {
+        self.volumes.get(index).map(|v| v.counters)
+    }
+
+    /// Descriptors a hosted loop waits on besides its links: volumes that
+    /// complete from other threads.
+    pub fn volume_fds(&self) -> impl Iterator<Item = i32> + '_ {
+        self.volumes.iter().filter_map(|v| v.device.readable_fd())
     }
 
     /// Hands one received Ethernet frame of interface `interface` to its
@@ -373,10 +594,10 @@ impl<'m, K: KeySource> Engine<'m, K> {
 
     /// Advances everything once: RTRS servers (bounded by their CM and
     /// completion budgets), every event they queued (bounded by the event
-    /// queue capacity; RAM IO completes inline), then the HCAs' transmit
-    /// side (bounded by [`roce::hca::MAX_TX_BURST`] frames each). Returns
-    /// whether anything happened; if not, sleep until
-    /// [`poll_at`](Self::poll_at) or a frame.
+    /// queue capacity), volume completions (bounded per volume), then the
+    /// HCAs' transmit side (bounded by [`roce::hca::MAX_TX_BURST`] frames
+    /// each). Returns whether anything happened; if not, sleep until
+    /// [`poll_at`](Self::poll_at), a frame or a volume descriptor.
     pub fn poll<T: Transmit + ?Sized>(&mut self, now: u64, sink: &mut T) -> bool {
         let mut busy = false;
         for index in 0..self.interfaces.len() {
@@ -385,7 +606,9 @@ impl<'m, K: KeySource> Engine<'m, K> {
                 busy = true;
                 self.handle_event(index, event, now);
             }
-            let iface = &mut self.interfaces[index];
+        }
+        busy |= self.poll_volumes(now);
+        for (index, iface) in self.interfaces.iter_mut().enumerate() {
             if iface.icmp_len > 0 {
                 sink.transmit(index, &iface.icmp[..iface.icmp_len], &[], &[]);
                 iface.icmp_len = 0;
@@ -402,8 +625,16 @@ impl<'m, K: KeySource> Engine<'m, K> {
     }
 
     /// When [`poll`](Self::poll) next has timed work (`now` or earlier:
-    /// poll again at once); `None` if only a frame can cause work.
+    /// poll again at once); `None` if only a frame or a volume descriptor
+    /// can cause work.
     pub fn poll_at(&self, now: u64) -> Option<u64> {
+        let volumes = self.volumes.iter().filter_map(|v| {
+            if v.parked.is_empty() {
+                v.device.poll_at()
+            } else {
+                Some(now)
+            }
+        });
         self.interfaces
             .iter()
             .flat_map(|iface| {
@@ -415,6 +646,7 @@ impl<'m, K: KeySource> Engine<'m, K> {
                 ]
             })
             .flatten()
+            .chain(volumes)
             .min()
     }
 
@@ -426,17 +658,32 @@ impl<'m, K: KeySource> Engine<'m, K> {
         }
     }
 
-    /// True when no RTRS path or session is left on any interface.
+    /// True when no RTRS path or session is left on any interface and no
+    /// volume request is in flight.
     pub fn is_quiet(&self) -> bool {
-        self.interfaces.iter().all(|iface| {
-            let usage = iface.server.usage();
-            usage.paths == 0 && usage.sessions == 0
-        })
+        self.volume_requests_in_flight() == 0
+            && self.interfaces.iter().all(|iface| {
+                let usage = iface.server.usage();
+                usage.paths == 0 && usage.sessions == 0
+            })
+    }
+
+    /// True when nothing is held: no session (open or draining), no path,
+    /// connection, request or registered buffer on any interface, no
+    /// volume request. What a leak check expects between clients.
+    pub fn is_idle(&self) -> bool {
+        self.sessions.is_empty()
+            && self.volume_requests_in_flight() == 0
+            && self.deferred.is_empty()
+            && self
+                .interfaces
+                .iter()
+                .all(|iface| iface.server.usage() == rtrs::server::Usage::default())
     }
 
     /// A printable statistics report (per interface, session, path and
     /// volume).
-    pub fn stats(&self) -> StatsReport<'_, 'm, K> {
+    pub fn stats(&self) -> StatsReport<'_, 'm, K, D> {
         StatsReport { engine: self }
     }
 
@@ -470,12 +717,15 @@ impl<'m, K: KeySource> Engine<'m, K> {
                     source: None,
                     paths: heapless::Vec::new(),
                     rnbd: rnbd::server::Session::new(),
+                    closed: false,
+                    in_flight: 0,
                 });
             }
             Event::PathUp {
                 session,
                 path,
                 remote,
+                ..
             } => {
                 let Some(index) = self.session_index(interface, session) else {
                     self.interfaces[interface].server.close_path(path, now);
@@ -520,16 +770,19 @@ impl<'m, K: KeySource> Engine<'m, K> {
             }
             Event::SessionClosed { session } => {
                 if let Some(index) = self.session_index(interface, session) {
-                    let mut entry = self.sessions.swap_remove(index);
+                    let entry = &mut self.sessions[index];
                     let draining = self.rnbd.end_session(&mut entry.rnbd);
+                    entry.closed = true;
+                    let stats = *entry.rnbd.stats();
                     log!(
                         self,
                         "session {:?} closed ({} opens, {} IOs{})",
-                        entry.name,
-                        entry.rnbd.stats().opens,
-                        entry.rnbd.stats().io.reads + entry.rnbd.stats().io.writes,
+                        self.sessions[index].name,
+                        stats.opens,
+                        stats.io.reads + stats.io.writes,
                         if draining > 0 { ", draining" } else { "" }
                     );
+                    self.reap(index);
                 }
             }
             Event::Io {
@@ -541,6 +794,14 @@ impl<'m, K: KeySource> Engine<'m, K> {
                 ..
             } => self.serve_io(interface, session, token, direction, header, data, now),
             _ => {}
+        }
+    }
+
+    /// Drops a closed session once nothing of it is in flight.
+    fn reap(&mut self, index: usize) {
+        let entry = &self.sessions[index];
+        if entry.closed && entry.in_flight == 0 && entry.rnbd.is_idle() {
+            self.sessions.swap_remove(index);
         }
     }
 
@@ -566,7 +827,10 @@ impl<'m, K: KeySource> Engine<'m, K> {
         data: MemoryHandle,
         now: u64,
     ) {
-        let Some(index) = self.session_index(interface, session) else {
+        let Some(index) = self
+            .session_index(interface, session)
+            .filter(|&i| !self.sessions[i].closed)
+        else {
             self.answer(interface, token, rtrs::server::errno::ENXIO, now);
             return;
         };
@@ -644,16 +908,50 @@ impl<'m, K: KeySource> Engine<'m, K> {
                 self.answer(interface, token, errno, now);
             }
             Action::Submit { request, ticket } => {
-                let result = self.execute(interface, request, data);
-                let entry = &mut self.sessions[index];
-                let completion = self.rnbd.complete(&mut entry.rnbd, ticket, result);
-                self.answer(interface, token, completion.status, now);
-                if let Some(close_tag) = completion.close_done {
-                    if let Some(at) = self.deferred.iter().position(|d| d.tag == close_tag) {
-                        let deferred = self.deferred.swap_remove(at);
-                        self.answer(deferred.interface, deferred.token, 0, now);
-                    }
-                }
+                let Some(slot) = self.free_pending.pop() else {
+                    // Cannot happen: one slot per chunk the engine can hold.
+                    let entry = &mut self.sessions[index];
+                    let completion =
+                        self.rnbd
+                            .complete(&mut entry.rnbd, ticket, Err(IoError::Resource));
+                    self.answer(interface, token, completion.status, now);
+                    return;
+                };
+                let chunk = Chunk {
+                    port: interface,
+                    handle: data,
+                };
+                let op = match request.op {
+                    BlockOp::Read { offset, len } => Op::Read {
+                        offset,
+                        len,
+                        buffer: chunk,
+                    },
+                    BlockOp::Write { offset, len, fua } => Op::Write {
+                        offset,
+                        len,
+                        buffer: chunk,
+                        fua,
+                    },
+                    BlockOp::Flush => Op::Flush,
+                    BlockOp::Discard { offset, len } => Op::Discard { offset, len },
+                    BlockOp::WriteZeroes { offset, len } => Op::WriteZeroes { offset, len },
+                };
+                self.pending[slot as usize] = Some(PendingIo {
+                    interface,
+                    session,
+                    token,
+                    ticket,
+                });
+                self.sessions[index].in_flight += 1;
+                self.submit(
+                    request.volume.index(),
+                    DeviceRequest {
+                        tag: u64::from(slot),
+                        op,
+                    },
+                    now,
+                );
             }
             Action::CloseDeferred => {
                 if self.deferred.len() < MAX_DEFERRED {
@@ -671,41 +969,150 @@ impl<'m, K: KeySource> Engine<'m, K> {
         }
     }
 
-    /// Executes a checked block request between the chunk `data` and the
-    /// volume (the one place that touches volumes).
-    fn execute(
-        &mut self,
-        interface: usize,
-        request: BlockRequest,
-        data: MemoryHandle,
-    ) -> Result<(), IoError> {
-        let volume = &mut self
-            .volumes
-            .get_mut(request.volume.index())
-            .ok_or(IoError::Media)?
-            .store;
-        let memory = self.interfaces[interface].server.verbs_mut();
-        match request.op {
-            BlockOp::Read { offset, len } => memory
-                .with_slice_mut(data, 0, len, |chunk| volume.read(offset, chunk))
-                .map_err(|_| IoError::Media)?,
-            BlockOp::Write { offset, len, .. } => memory
-                .with_slice(data, 0, len, |chunk| volume.write(offset, chunk))
-                .map_err(|_| IoError::Media)?,
-            BlockOp::Flush => volume.flush(),
-            BlockOp::Discard { offset, len } | BlockOp::WriteZeroes { offset, len } => {
-                volume.write_zeroes(offset, len)
+    /// Hands `request` to volume `volume`, or parks it behind earlier
+    /// parked requests if the device queue is full. A refusal completes it
+    /// at once with the matching error.
+    fn submit(&mut self, volume: usize, request: DeviceRequest<Chunk>, now: u64) {
+        let Some(served) = self.volumes.get_mut(volume) else {
+            self.finish(request.tag, Err(IoError::Media), now);
+            return;
+        };
+        if !served.parked.is_empty() {
+            served.counters.parked += 1;
+            // Capacity: every request the engine can hold.
+            if served.parked.len() < served.parked.capacity() {
+                served.parked.push_back(request);
+            } else {
+                self.finish(request.tag, Err(IoError::Resource), now);
+            }
+            return;
+        }
+        let mut memory = ChunkMemory {
+            interfaces: &mut self.interfaces,
+        };
+        match served.device.submit(request, &mut memory) {
+            Ok(()) => {}
+            Err(SubmitError::QueueFull) => {
+                served.counters.parked += 1;
+                if served.parked.len() < served.parked.capacity() {
+                    served.parked.push_back(request);
+                } else {
+                    self.finish(request.tag, Err(IoError::Resource), now);
+                }
+            }
+            Err(error) => {
+                served.counters.device_errors += 1;
+                log!(self, "volume {}: refused a request: {error}", served.name);
+                self.finish(request.tag, Err(submit_error(error)), now);
             }
         }
+    }
+
+    /// Collects volume completions (bounded per volume) and answers them,
+    /// then moves parked requests into the room that freed.
+    fn poll_volumes(&mut self, now: u64) -> bool {
+        let mut busy = false;
+        for volume in 0..self.volumes.len() {
+            let mut done: heapless::Vec<DeviceCompletion<Chunk>, COMPLETION_BURST> =
+                heapless::Vec::new();
+            let served = &mut self.volumes[volume];
+            let mut memory = ChunkMemory {
+                interfaces: &mut self.interfaces,
+            };
+            served
+                .device
+                .poll(now, &mut memory, COMPLETION_BURST, &mut |completion| {
+                    // Cannot overflow: at most COMPLETION_BURST are delivered.
+                    let _ = done.push(completion);
+                });
+            for completion in &done {
+                busy = true;
+                let result = completion.result.map_err(|error| {
+                    self.volumes[volume].counters.device_errors += 1;
+                    device_error(error)
+                });
+                self.finish(completion.tag, result, now);
+            }
+            while let Some(request) = self.volumes[volume].parked.pop_front() {
+                let served = &mut self.volumes[volume];
+                let mut memory = ChunkMemory {
+                    interfaces: &mut self.interfaces,
+                };
+                match served.device.submit(request, &mut memory) {
+                    Ok(()) => busy = true,
+                    Err(SubmitError::QueueFull) => {
+                        served.parked.push_front(request);
+                        break;
+                    }
+                    Err(error) => {
+                        busy = true;
+                        served.counters.device_errors += 1;
+                        self.finish(request.tag, Err(submit_error(error)), now);
+                    }
+                }
+            }
+        }
+        busy
+    }
+
+    /// Reports a volume request's outcome to RNBD and answers it.
+    fn finish(&mut self, tag: u64, result: Result<(), IoError>, now: u64) {
+        let Some(pending) = usize::try_from(tag)
+            .ok()
+            .and_then(|slot| self.pending.get_mut(slot))
+            .and_then(Option::take)
+        else {
+            log!(self, "volume completion for unknown request {tag}");
+            return;
+        };
+        // `tag` came from `free_pending`, so it fits.
+        self.free_pending.push(tag as u32);
+        let Some(index) = self.session_index(pending.interface, pending.session) else {
+            // The session entry outlives its requests (see `reap`).
+            return;
+        };
+        let entry = &mut self.sessions[index];
+        entry.in_flight = entry.in_flight.saturating_sub(1);
+        let completion = self.rnbd.complete(&mut entry.rnbd, pending.ticket, result);
+        self.answer(pending.interface, pending.token, completion.status, now);
+        if let Some(close_tag) = completion.close_done {
+            if let Some(at) = self.deferred.iter().position(|d| d.tag == close_tag) {
+                let deferred = self.deferred.swap_remove(at);
+                self.answer(deferred.interface, deferred.token, 0, now);
+            }
+        }
+        self.reap(index);
+    }
+}
+
+/// The RNBD error for a device refusal (RNBD's own checks make most of
+/// these impossible).
+fn submit_error(error: SubmitError) -> IoError {
+    match error {
+        SubmitError::QueueFull => IoError::Again,
+        SubmitError::Unsupported => IoError::Unsupported,
+        _ => IoError::Media,
+    }
+}
+
+/// The RNBD error for a failed device request, by errno.
+fn device_error(error: hal::block::IoError) -> IoError {
+    match error.errno() {
+        28 => IoError::NoSpace,
+        110 => IoError::TimedOut,
+        95 => IoError::Unsupported,
+        12 => IoError::Resource,
+        11 => IoError::Again,
+        _ => IoError::Media,
     }
 }
 
 /// The engine's statistics, printable (`Display`, several lines).
-pub struct StatsReport<'e, 'm, K: KeySource> {
-    engine: &'e Engine<'m, K>,
+pub struct StatsReport<'e, 'm, K: KeySource, D: BlockDevice<Chunk>> {
+    engine: &'e Engine<'m, K, D>,
 }
 
-impl<K: KeySource> fmt::Display for StatsReport<'_, '_, K> {
+impl<K: KeySource, D: BlockDevice<Chunk>> fmt::Display for StatsReport<'_, '_, K, D> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let engine = self.engine;
         writeln!(f, "brick statistics: {} IO answers", engine.answered)?;
@@ -757,17 +1164,24 @@ impl<K: KeySource> fmt::Display for StatsReport<'_, '_, K> {
         }
         for served in &engine.volumes {
             let v = engine.rnbd.volume_stats(served.info.id);
+            let device = served.device.info();
             writeln!(
                 f,
-                "volume {} ({} B): opens {} writers {} reads {} ({} B) writes {} ({} B)",
+                "volume {} ({} B{}): opens {} writers {} reads {} ({} B) writes {} ({} B) flushes {} in_flight {} parked {} (total {}) device_errors {}",
                 served.name,
-                served.store.len(),
+                device.size,
+                if device.volatile_write_cache { ", write-back" } else { "" },
                 v.opens,
                 engine.rnbd.writers(served.info.id),
                 v.io.reads,
                 v.io.read_bytes,
                 v.io.writes,
-                v.io.write_bytes
+                v.io.write_bytes,
+                v.io.flushes,
+                served.device.in_flight(),
+                served.parked.len(),
+                served.counters.parked,
+                served.counters.device_errors,
             )?;
         }
         Ok(())

@@ -159,7 +159,10 @@ mode = "rw"
     let manifest = Manifest::parse(&blob).unwrap();
     let result = Engine::new(manifest, |_| Keys(1)).map(|_| ());
     match result {
-        Err(BuildError::UnsupportedVolume(name, _)) => assert_eq!(name, "f"),
+        Err(BuildError::Volume(name, why)) => {
+            assert_eq!(name, "f");
+            assert!(why.contains("RAM only"), "{why}");
+        }
         Err(other) => panic!("unexpected {other}"),
         Ok(()) => panic!("a file volume was accepted"),
     }

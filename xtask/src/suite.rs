@@ -76,6 +76,7 @@ const CASES: &[Case] = &[
     case("map_size", Tier::Smoke, 1, 1500, map_size),
     case("verify_4k_small", Tier::Smoke, 1, 1500, verify_4k_small),
     case("unmap_remap", Tier::Smoke, 1, 1500, unmap_remap),
+    case("read_only", Tier::Smoke, 1, 1500, read_only),
     case("nvme_connect_verify", Tier::Smoke, 1, 1500, nvme_connect_verify),
     case("rping_linux", Tier::Smoke, 1, 1500, rping_linux),
     case("verify_4k", Tier::Full, 1, 1500, verify_4k),
@@ -85,6 +86,7 @@ const CASES: &[Case] = &[
     case("nvme_verify_mixed", Tier::Full, 1, 1500, nvme_verify_mixed),
     case("target_restart", Tier::Full, 1, 1500, target_restart),
     case("target_restart_timing", Tier::Full, 1, 1500, target_restart_timing),
+    case("restart_durable", Tier::Full, 1, 1500, restart_durable),
     case("jumbo_verify", Tier::Full, 1, 9000, jumbo_verify),
     case("multipath_cut", Tier::Full, 2, 1500, multipath_cut),
 ];
@@ -498,6 +500,52 @@ fn two_devices(bed: &mut Bed) -> Result<()> {
            bgwait v1 || die \"verify on $d1\"\n\
            unmap $d0\nunmap $d1\n";
     bed.initiator.run(&script, 10 * MINUTE)?;
+    Ok(())
+}
+
+/// A read-only mapping: the device is read-only, reads work, a write fails.
+fn read_only(bed: &mut Bed) -> Result<()> {
+    let volume = &bed.target.descriptor.volumes[1];
+    let script = format!(
+        "d=$(map s1 {} \"{}\" ro) || exit 1\n\
+         [ \"$(cat /sys/block/$d/ro)\" = 1 ] || die \"$d is not read-only\"\n\
+         dd if=/dev/$d of=/dev/null bs=4096 count=64 iflag=direct 2>/dev/null || die \"read from read-only $d\"\n\
+         if dd if=/dev/zero of=/dev/$d bs=4096 count=1 oflag=direct conv=notrunc 2>/dev/null; then die \"a write to read-only $d succeeded\"; fi\n\
+         unmap $d\n",
+        volume.device_path,
+        bed.all_paths()
+    );
+    bed.initiator.run(&script, MINUTE)?;
+    Ok(())
+}
+
+/// The target crashes (SIGKILL or power-off) under a stream of
+/// acknowledged writes to a durable volume; the client reconnects and
+/// remaps, writing resumes, and every write acknowledged before or after
+/// the crash reads back.
+fn restart_durable(bed: &mut Bed) -> Result<()> {
+    let Some(index) = bed.target.descriptor.volumes.iter().position(|v| v.durable) else {
+        return Err(Skip("the target serves no durable volume").into());
+    };
+    let script = map_line(bed, "d", index)
+        + "echo $d > /tmp/durable.dev\nrm -f /tmp/writer.stop\n\
+           bg writer durable_writer $d 100000\n\
+           n=0; while [ $(wc -l < /tmp/acked) -lt 40 ]; do n=$((n + 1)); [ $n -ge 600 ] && die \"writer stuck: $(cat /tmp/bg.writer.out)\"; sleep 0.1; done\n\
+           log \"$(wc -l < /tmp/acked) writes acknowledged before the crash\"\n";
+    bed.initiator.run(&script, 2 * MINUTE)?;
+    step(format!(
+        "crashing {} under IO ({:?})",
+        bed.target.descriptor.name, bed.target.descriptor.restart
+    ));
+    bed.restart_target()?;
+    let script = "d=$(cat /tmp/durable.dev)\nbefore=$(wc -l < /tmp/acked)\n\
+                  reconnect_all s1 force\n\
+                  n=0; while [ $(wc -l < /tmp/acked) -lt $((before + 40)) ]; do n=$((n + 1)); [ $n -ge 1200 ] && die \"no writes acknowledged after the restart: $(tail -3 /tmp/failed)\"; sleep 0.1; done\n\
+                  touch /tmp/writer.stop\nbgwait writer 120 || die \"writer failed\"\n\
+                  log \"$(wc -l < /tmp/failed) failed attempts while the target was down\"\n\
+                  check_acked $d\nunmap $d\n";
+    let output = bed.initiator.run(script, 5 * MINUTE)?;
+    print!("{output}");
     Ok(())
 }
 

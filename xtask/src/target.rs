@@ -35,6 +35,9 @@ pub struct Volume {
     pub device_path: String,
     /// Size in bytes.
     pub bytes: u64,
+    /// Whether acknowledged writes survive a target restart (a file or
+    /// block device behind it, not RAM).
+    pub durable: bool,
 }
 
 /// An NVMe-oF export (the Linux reference target only).
@@ -127,7 +130,8 @@ pub struct Target {
     runner: Runner,
 }
 
-/// The manifest the hosted Brick target serves with `paths` paths.
+/// The examples/ manifest the hosted Brick target serves with `paths`
+/// paths.
 fn brick_manifest(paths: usize) -> PathBuf {
     let name = if paths > 1 {
         "multipath.toml"
@@ -135,6 +139,29 @@ fn brick_manifest(paths: usize) -> PathBuf {
         "two-ram-volumes.toml"
     };
     crate::paths::repo().join("examples").join(name)
+}
+
+/// Size of the judge's file-backed volume.
+const DURABLE_MIB: u64 = 64;
+
+/// Writes the judge's manifest into `dir`: the examples/ manifest for
+/// `paths` paths plus a file-backed volume `durable` (a fresh file in
+/// `dir`) that every session may map read-write. Returns its path.
+fn judge_manifest(paths: usize, dir: &std::path::Path) -> Result<PathBuf> {
+    let example = brick_manifest(paths);
+    let mut text =
+        std::fs::read_to_string(&example).with_context(|| format!("read {}", example.display()))?;
+    let image = dir.join("durable.img");
+    let _ = std::fs::remove_file(&image);
+    text += &format!(
+        "\n# Added by the judge: a file-backed volume for the restart cases.\n\
+         [[volumes]]\nname = \"durable\"\nkind = \"file\"\npath = \"{}\"\nsize = \"{DURABLE_MIB}MiB\"\n\n\
+         [[access]]\nsessions = \"*\"\nvolumes = [\"durable\"]\nmode = \"rw\"\n",
+        image.display()
+    );
+    let path = dir.join("judge.toml");
+    std::fs::write(&path, text).with_context(|| format!("write {}", path.display()))?;
+    Ok(path)
 }
 
 /// Builds `brick-target` (release) and returns its path.
@@ -182,6 +209,7 @@ impl Target {
                         .map(|d| Volume {
                             device_path: d.to_string(),
                             bytes,
+                            durable: false,
                         })
                         .collect(),
                     nvme: Some(NvmeExport {
@@ -201,7 +229,8 @@ impl Target {
             }
             TargetKind::BrickHosted => {
                 let binary = build_brick_target()?;
-                let manifest_path = brick_manifest(relays.len());
+                let dir = crate::paths::scratch("brick-target");
+                let manifest_path = judge_manifest(relays.len(), &dir)?;
                 let manifest =
                     manifest::compile_file(&manifest_path).map_err(|e| anyhow::anyhow!("{e}"))?;
                 if manifest.interfaces.len() != relays.len() {
@@ -234,13 +263,20 @@ impl Target {
                     .volumes
                     .iter()
                     .map(|v| {
-                        let bytes = match &v.backing {
-                            manifest::config::Backing::Ram { size } => *size,
-                            other => bail!("volume {}: {other:?} is not a RAM volume", v.name),
+                        let (bytes, durable) = match &v.backing {
+                            manifest::config::Backing::Ram { size } => (*size, false),
+                            manifest::config::Backing::File {
+                                size: Some(size), ..
+                            } => (*size, true),
+                            other => bail!(
+                                "volume {}: {other:?}: the judge serves RAM and sized files",
+                                v.name
+                            ),
                         };
                         Ok(Volume {
                             device_path: v.device_path.clone(),
                             bytes,
+                            durable,
                         })
                     })
                     .collect::<Result<Vec<_>>>()?;
@@ -261,7 +297,7 @@ impl Target {
                     command.push(format!("frame:connect:{}", relay.b.display()));
                 }
                 let _ = mtu; // the manifest sets the interface MTU
-                let log = crate::paths::scratch("brick-target").join("brick-target.log");
+                let log = dir.join("brick-target.log");
                 let mut target = Target {
                     descriptor,
                     runner: Runner::Process {

@@ -9,8 +9,9 @@
 //! per manifest interface, in order (`frame:connect:PATH`,
 //! `frame:listen:PATH`, `tcp:…`), and runs the poll loop: a bounded burst of
 //! frames in per link, `Engine::poll`, and when nothing happened a blocking
-//! `ppoll` on the link descriptors until the engine's next deadline — it
-//! never spins while idle. Logs what it serves and every refusal to stderr,
+//! `ppoll` on the link and volume descriptors until the engine's next
+//! deadline — it never spins while idle. Volumes are RAM, files and block
+//! devices (`target_image::hosted`). Logs what it serves and every refusal to stderr,
 //! one line each; prints statistics on SIGUSR1 and on exit; SIGINT/SIGTERM
 //! close every path and stop.
 //!
@@ -29,7 +30,7 @@ use clap::Parser;
 use hal::hosted::{wait_ready, FrameLink, Link, LinkSpec, MonotonicClock, OsRng};
 use hal::{Clock, Nic, NicError, Rng};
 use manifest::binary::Manifest;
-use target_image::Engine;
+use target_image::{hosted, Engine};
 use verbs::KeySource;
 
 /// Frames taken from each link per loop iteration.
@@ -156,7 +157,8 @@ fn run(args: Args) -> Result<(), String> {
         }
     }
     let target = manifest.target();
-    let mut engine = Engine::new(manifest, |_| OsKeys(OsRng)).map_err(|e| e.to_string())?;
+    let mut engine = Engine::with_volumes(manifest, |_| OsKeys(OsRng), hosted::open_volume)
+        .map_err(|e| e.to_string())?;
     engine.set_logger(|args| eprintln!("brick-target: {args}"));
     eprintln!(
         "brick-target: target {} listening on RDMA CM port {} (always_invalidate {})",
@@ -220,17 +222,19 @@ fn run(args: Args) -> Result<(), String> {
         if wake.is_some_and(|w| w <= now) {
             continue;
         }
-        let readable: Vec<RawFd> = links.iter().filter_map(FrameLink::raw_fd).collect();
+        let mut readable: Vec<RawFd> = links.iter().filter_map(FrameLink::raw_fd).collect();
+        let link_fds = readable.len();
         let writable: Vec<RawFd> = links
             .iter()
             .filter(|l| l.has_pending_output())
             .filter_map(FrameLink::raw_fd)
             .collect();
-        if readable.len() < links.len() {
+        if link_fds < links.len() {
             // A link without a descriptor (a listener's peer gone): nap.
             let nap = wake.map_or(10_000_000, |w| (w - now).min(10_000_000));
             std::thread::sleep(Duration::from_nanos(nap));
         }
+        readable.extend(engine.volume_fds());
         if !readable.is_empty() {
             wait_ready(&readable, &writable, wake).map_err(|e| format!("ppoll: {e}"))?;
         }
