@@ -9,16 +9,46 @@
 //! failure and reconnect, §7 multipath, with the extra checks of `rnbd.md`
 //! §8.2.
 //!
+//! # Ports
+//!
+//! One server owns one or more *ports*: verbs providers of the same type
+//! `V`, one per interface (one software HCA with its own MAC and IP each),
+//! given to [`Server::with_ports`] ([`Server::new`] is the one-port case).
+//! They form one RTRS server, as Linux's rtrs-srv is one server over every
+//! RDMA device: [`Server::start`] listens on [`ServerConfig::port`] on each
+//! port, and a CON_REQ finds its session by `paths_uuid` whatever port it
+//! came in on (rtrs.md §2.4 step 4), so the paths of a multipath client
+//! that reach the target over different interfaces form one session.
+//!
+//! * A path lives on the port its cid 0 ... cid_num-1 come in on: every
+//!   connection of a path must arrive on the same port; one for a path
+//!   being set up that arrives on another port is refused with ECONNRESET
+//!   ([`ConnectRefusal::ConnectionMismatch`]), like any inconsistent
+//!   CON_REQ. A reconnect (newer `recon_cnt`) may come on another port: the
+//!   stale path is replaced and the new one lives on the new port.
+//! * Connection ids are per provider, so connections are looked up by
+//!   (port, `ConnId`), and a work completion counts only on the port of the
+//!   path its work request id names.
+//! * A path's chunk pool and control buffers are allocated from, registered
+//!   on and freed on its port. [`Event::PathUp`] and [`Event::Io`] carry the
+//!   `port`: the consumer reads the header and data of an IO through
+//!   [`Server::port`] / [`Server::port_mut`]; [`Server::path_port`] answers
+//!   for a live path. [`Server::verbs`] is port 0.
+//! * Heartbeats, close deadlines, [`Server::close_path`],
+//!   [`Server::close_all`], the stats and [`Server::usage`] cover every
+//!   port.
+//!
 //! # Memory
 //!
 //! All tables (sessions, paths, connections, the per-chunk IO table, the
-//! event queue) are allocated once in [`Server::new`] from the
-//! [`ServerConfig`] capacities; nothing allocates afterwards. Registered
-//! memory comes from the provider's pool ([`Verbs::alloc`]) when a path is
-//! created (its chunk pool, `queue_depth` buffers of `chunk_size` bytes, each
-//! registered on its own so it can be re-keyed, plus three small control
-//! buffers) and goes back when the path is freed. Each path has its own chunk
-//! memory, which removes the multipath failover hazard of rtrs.md §7.
+//! event queue) are allocated once in [`Server::with_ports`] from the
+//! [`ServerConfig`] capacities (they do not grow with the port count);
+//! nothing allocates afterwards. Registered memory comes from the pool of
+//! the path's port ([`Verbs::alloc`]) when a path is created (its chunk
+//! pool, `queue_depth` buffers of `chunk_size` bytes, each registered on its
+//! own so it can be re-keyed, plus three small control buffers) and goes
+//! back when the path is freed. Each path has its own chunk memory, which
+//! removes the multipath failover hazard of rtrs.md §7.
 //!
 //! # State diagram
 //!
@@ -87,13 +117,15 @@
 //! * Every path registers chunk memory of its own (rtrs.md §7).
 //!
 //! A second path with the same (local, remote) IP address pair is refused
-//! with EEXIST (rtrs.md §2.4 step 5); ports are ignored, since every
-//! connection has its own RDMA CM port.
+//! with EEXIST (rtrs.md §2.4 step 5); the RDMA CM port numbers are ignored,
+//! since every connection has its own.
 //!
 //! # Bounded work
 //!
 //! [`Server::poll`] handles at most [`ServerConfig::cm_budget`] connection
-//! events and [`ServerConfig::completion_budget`] completions per call, and
+//! events and [`ServerConfig::completion_budget`] completions per call, in
+//! total over all ports (visited round robin, from a start port that
+//! rotates every call, so no port starves the others), and
 //! stops early while the event queue lacks room (the consumer must drain it
 //! first; that back-pressure is the named wait of the event queue). It then
 //! walks the path table once for heartbeat and close deadlines, and the
@@ -175,9 +207,9 @@ pub struct ServerConfig {
     /// How long a closing path waits for its disconnects before destroying
     /// its connections anyway.
     pub close_timeout_ns: u64,
-    /// Connection events handled per `poll`.
+    /// Connection events handled per `poll`, in total over all ports.
     pub cm_budget: usize,
-    /// Work completions handled per `poll`.
+    /// Work completions handled per `poll`, in total over all ports.
     pub completion_budget: usize,
     /// Capacity of the event queue.
     pub event_capacity: usize,
@@ -261,6 +293,8 @@ pub enum ConfigError {
     ChunkSize,
     /// A table capacity or budget is zero or beyond the protocol's limits.
     Limits,
+    /// [`Server::with_ports`] got no port.
+    NoPorts,
 }
 
 impl fmt::Display for ConfigError {
@@ -269,6 +303,7 @@ impl fmt::Display for ConfigError {
             Self::QueueDepth => "queue depth below 2",
             Self::ChunkSize => "chunk size does not fit the immediate or leaves no IO room",
             Self::Limits => "table capacity or budget out of range",
+            Self::NoPorts => "no port (verbs provider) given",
         })
     }
 }
@@ -365,6 +400,9 @@ pub enum Event {
         path: PathId,
         /// The client's address of the path's cid 0.
         remote: Option<SocketAddr>,
+        /// The port the path's connections came in on (its memory lives
+        /// there; see [`Server::port`]).
+        port: usize,
     },
     /// A path is closing; requests the consumer holds are still to be
     /// answered (the answers are dropped).
@@ -385,13 +423,17 @@ pub enum Event {
         /// Read or write.
         direction: IoDirection,
         /// The user (RNBD) header in the chunk: read it through
-        /// [`Server::verbs`] (`Memory::read`).
+        /// [`Server::port`]`(port)` (`Memory::read`).
         header: MemoryHandle,
         /// The data area at the chunk start (`offset - usr_len` bytes): the
-        /// write data, or the room for read data.
+        /// write data, or the room for read data; in `port`'s memory.
         data: MemoryHandle,
         /// Whether it came on cid 0 (RNBD control messages do).
         admin: bool,
+        /// The port of the request's path: `header` and `data` are handles
+        /// of that provider's memory ([`Server::port`] /
+        /// [`Server::port_mut`]).
+        port: usize,
     },
 }
 
@@ -558,17 +600,38 @@ fn split_wr_id(id: WrId) -> Option<(WrKind, PathId, u16)> {
 /// Receives posted per `post_recv` call while filling a queue.
 const RECV_BATCH: usize = 32;
 
-/// The RTRS server over a verbs provider `V`.
+/// Completions taken from one port per visit of [`Server::poll`]'s round.
+const COMPLETION_BATCH: usize = 16;
+
+/// One accepted connection: where it lives and which path/cid it serves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Connection {
+    /// The port (provider) the ConnId belongs to.
+    port: usize,
+    /// The provider's id.
+    conn: ConnId,
+    /// Path slot index.
+    path: u16,
+    /// Connection id within the path.
+    cid: u16,
+}
+
+/// The RTRS server over one or more verbs providers ("ports") of type `V`.
 pub struct Server<V: Verbs> {
-    verbs: V,
+    /// The ports (one provider per interface); never empty.
+    ports: Vec<V>,
     config: ServerConfig,
     layout: ImmLayout,
-    listening: bool,
+    /// Ports `0..listening` listen on `config.port`.
+    listening: usize,
+    /// Port the next `poll` starts with (round robin).
+    next_port: usize,
     sessions: Vec<SessionSlot>,
     paths: Vec<PathSlot>,
-    /// ConnId -> (path index, cid); linear lookup.
+    /// (port, ConnId) -> (path index, cid); linear lookup. ConnIds are per
+    /// provider, so the port is part of the key.
     // TODO(perf): a hash or a provider-assigned dense id once paths grow large.
-    connections: Vec<(ConnId, u16, u16)>,
+    connections: Vec<Connection>,
     events: VecDeque<Event>,
     stats: ServerStats,
     /// Any path with parked work (send-queue room, acks, closing).
@@ -576,13 +639,31 @@ pub struct Server<V: Verbs> {
 }
 
 impl<V: Verbs> Server<V> {
-    /// Builds the server and allocates every table once. Registered memory
-    /// is taken from `verbs` per path, later.
+    /// Builds a one-port server (the provider is port 0) and allocates every
+    /// table once; the same as [`with_ports`](Self::with_ports) with one
+    /// provider. Registered memory is taken from `verbs` per path, later.
     ///
     /// # Errors
     ///
     /// [`ConfigError`] for parameters the protocol cannot carry.
     pub fn new(verbs: V, config: ServerConfig) -> Result<Self, ConfigError> {
+        Self::with_ports(alloc::vec![verbs], config)
+    }
+
+    /// Builds a server over several ports (one provider per interface, port
+    /// `i` is `ports[i]`) and allocates every table once. All ports form one
+    /// RTRS server: a session's paths may arrive on different ports. A
+    /// path's registered memory is taken from the port its connections
+    /// arrive on, later.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::NoPorts`] for an empty `ports`; otherwise
+    /// [`ConfigError`] for parameters the protocol cannot carry.
+    pub fn with_ports(ports: Vec<V>, config: ServerConfig) -> Result<Self, ConfigError> {
+        if ports.is_empty() {
+            return Err(ConfigError::NoPorts);
+        }
         let layout = config.check()?;
         let sessions = (0..config.max_sessions)
             .map(|_| SessionSlot::new())
@@ -594,10 +675,11 @@ impl<V: Verbs> Server<V> {
         let connections =
             Vec::with_capacity(path_count * usize::from(config.max_connections_per_path));
         Ok(Self {
-            verbs,
+            ports,
             config,
             layout,
-            listening: false,
+            listening: 0,
+            next_port: 0,
             sessions,
             paths,
             connections,
@@ -607,22 +689,24 @@ impl<V: Verbs> Server<V> {
         })
     }
 
-    /// Starts listening on the configured port (`Idle -> Listening`).
+    /// Starts listening on the configured RDMA CM port on every port
+    /// (`Idle -> Listening`). If a port fails, the ports before it stay
+    /// listening and a later call continues with the failed one.
     ///
     /// # Errors
     ///
-    /// The provider's [`ConnectError`].
+    /// The first failing provider's [`ConnectError`].
     pub fn start(&mut self) -> Result<(), ConnectError> {
-        if !self.listening {
-            self.verbs.listen(self.config.port)?;
-            self.listening = true;
+        while let Some(port) = self.ports.get_mut(self.listening) {
+            port.listen(self.config.port)?;
+            self.listening += 1;
         }
         Ok(())
     }
 
-    /// Whether [`start`](Self::start) succeeded.
+    /// Whether [`start`](Self::start) succeeded on every port.
     pub fn is_listening(&self) -> bool {
-        self.listening
+        self.listening == self.ports.len()
     }
 
     /// The configuration.
@@ -630,14 +714,37 @@ impl<V: Verbs> Server<V> {
         &self.config
     }
 
-    /// The provider (read headers and data through its `Memory`).
+    /// Port 0's provider: the only one of a server built with
+    /// [`new`](Self::new). With several ports, read an event's memory
+    /// through [`port`](Self::port) with the event's `port`.
     pub fn verbs(&self) -> &V {
-        &self.verbs
+        &self.ports[0]
     }
 
-    /// The provider, mutable (fill read data into a chunk).
+    /// Port 0's provider, mutable (see [`verbs`](Self::verbs)).
     pub fn verbs_mut(&mut self) -> &mut V {
-        &mut self.verbs
+        &mut self.ports[0]
+    }
+
+    /// How many ports the server has (at least 1).
+    pub fn port_count(&self) -> usize {
+        self.ports.len()
+    }
+
+    /// Port `index`'s provider (read an event's header and data through its
+    /// `Memory`), `None` beyond [`port_count`](Self::port_count).
+    pub fn port(&self, index: usize) -> Option<&V> {
+        self.ports.get(index)
+    }
+
+    /// Port `index`'s provider, mutable (fill read data into a chunk).
+    pub fn port_mut(&mut self, index: usize) -> Option<&mut V> {
+        self.ports.get_mut(index)
+    }
+
+    /// The port a live path's connections (and its chunk memory) are on.
+    pub fn path_port(&self, path: PathId) -> Option<usize> {
+        self.path(path).map(|slot| slot.port)
     }
 
     /// Server-wide counters.
@@ -727,33 +834,49 @@ impl<V: Verbs> Server<V> {
     /// Advances: drains up to `cm_budget` connection events and
     /// `completion_budget` completions, retries parked responses, runs
     /// heartbeats and close deadlines. Returns whether anything happened.
+    ///
+    /// The budgets are totals over all ports, per call. Ports are visited
+    /// in rounds (one connection event, or up to 16 completions, per port
+    /// per round) starting with a port that rotates every call, so a busy
+    /// port cannot starve the others; a pass stops when the budget is
+    /// spent or every port came up empty in a row.
     pub fn poll(&mut self, now: u64) -> bool {
         let mut busy = false;
-        for _ in 0..self.config.cm_budget {
-            if !self.event_room() {
-                break;
-            }
-            let Some(event) = self.verbs.poll_cm_event() else {
-                break;
+        let count = self.ports.len();
+        let start = self.next_port % count;
+        self.next_port = (start + 1) % count;
+        let (mut handled, mut empty, mut visit) = (0, 0, 0);
+        while handled < self.config.cm_budget && empty < count && self.event_room() {
+            let port = (start + visit) % count;
+            visit += 1;
+            let Some(event) = self.ports[port].poll_cm_event() else {
+                empty += 1;
+                continue;
             };
+            empty = 0;
+            handled += 1;
             busy = true;
-            self.handle_cm_event(event, now);
+            self.handle_cm_event(port, event, now);
         }
-        let mut done = 0;
-        let mut batch = [WorkCompletion::default(); 16];
-        while done < self.config.completion_budget && self.event_room() {
+        let (mut done, mut empty, mut visit) = (0, 0, 0);
+        let mut batch = [WorkCompletion::default(); COMPLETION_BATCH];
+        while done < self.config.completion_budget && empty < count && self.event_room() {
+            let port = (start + visit) % count;
+            visit += 1;
             let want = batch.len().min(self.config.completion_budget - done);
             // Keep room for two events per completion.
             let room = (self.config.event_capacity - self.events.len()) / 2;
             let want = want.min(room.max(1));
-            let count = self.verbs.poll_cq(&mut batch[..want]);
-            if count == 0 {
-                break;
+            let got = self.ports[port].poll_cq(&mut batch[..want]);
+            if got == 0 {
+                empty += 1;
+                continue;
             }
+            empty = 0;
             busy = true;
-            done += count;
-            for wc in &batch[..count] {
-                self.handle_completion(*wc, now);
+            done += got;
+            for wc in &batch[..got] {
+                self.handle_completion(port, *wc, now);
             }
         }
         busy |= self.run_timers_and_parked(now);
@@ -865,17 +988,26 @@ impl<V: Verbs> Server<V> {
         }
     }
 
-    fn lookup_conn(&self, conn: ConnId) -> Option<(u16, u16)> {
+    fn lookup_conn(&self, port: usize, conn: ConnId) -> Option<(u16, u16)> {
         self.connections
             .iter()
-            .find(|(id, _, _)| *id == conn)
-            .map(|&(_, path, cid)| (path, cid))
+            .find(|c| c.port == port && c.conn == conn)
+            .map(|c| (c.path, c.cid))
     }
 
-    fn forget_conn(&mut self, conn: ConnId) {
-        if let Some(at) = self.connections.iter().position(|(id, _, _)| *id == conn) {
+    fn forget_conn(&mut self, port: usize, conn: ConnId) {
+        if let Some(at) = self
+            .connections
+            .iter()
+            .position(|c| c.port == port && c.conn == conn)
+        {
             self.connections.swap_remove(at);
         }
+    }
+
+    /// The port of path slot `path`.
+    fn port_of(&self, path: u16) -> usize {
+        self.paths[usize::from(path)].port
     }
 
     fn event_room(&self) -> bool {
@@ -895,36 +1027,42 @@ impl<V: Verbs> Server<V> {
 
     // ----- connection management ----------------------------------------------
 
-    fn handle_cm_event(&mut self, event: CmEvent, now: u64) {
+    fn handle_cm_event(&mut self, port: usize, event: CmEvent, now: u64) {
         match event {
             CmEvent::ConnectRequest {
                 conn,
                 local,
                 remote,
                 private_data,
-            } => self.handle_connect_request(conn, (local, remote), private_data.as_slice(), now),
+            } => self.handle_connect_request(
+                port,
+                conn,
+                (local, remote),
+                private_data.as_slice(),
+                now,
+            ),
             CmEvent::Established { .. } => {} // Linux ignores it too (rtrs.md §2.7).
             CmEvent::Disconnected { conn }
             | CmEvent::Unreachable { conn }
             | CmEvent::Rejected { conn, .. } => {
-                if let Some((path, _)) = self.lookup_conn(conn) {
+                if let Some((path, _)) = self.lookup_conn(port, conn) {
                     self.begin_close(path, CloseReason::Disconnected, now);
                     self.detach_conn(path, conn);
                     self.maybe_free_path(path);
                 } else {
-                    let _ = self.verbs.destroy(conn);
+                    let _ = self.ports[port].destroy(conn);
                 }
             }
             _ => {}
         }
     }
 
-    fn reject(&mut self, conn: ConnId, refusal: ConnectRefusal) {
+    fn reject(&mut self, port: usize, conn: ConnId, refusal: ConnectRefusal) {
         let mut buf = [0u8; ConnRsp::LEN];
         let rsp = ConnRsp::reject(refusal.errno() as i16);
         let len = rsp.emit(&mut buf).unwrap_or(0);
         // A failed reject leaves nothing of ours behind; the provider times it out.
-        let _ = self.verbs.reject(conn, &buf[..len]);
+        let _ = self.ports[port].reject(conn, &buf[..len]);
         self.stats.rejected += 1;
     }
 
@@ -945,27 +1083,32 @@ impl<V: Verbs> Server<V> {
 
     fn handle_connect_request(
         &mut self,
+        port: usize,
         conn: ConnId,
         addresses: (SocketAddr, SocketAddr),
         private_data: &[u8],
         now: u64,
     ) {
         let remote = addresses.1;
-        match self.admit(private_data, addresses, now) {
+        match self.admit(port, private_data, addresses, now) {
             Ok((path, cid)) => {
                 if let Err(refusal) = self.accept(conn, remote, path, cid) {
-                    self.reject(conn, refusal);
+                    self.reject(port, conn, refusal);
                     self.begin_close(path, CloseReason::PostFailed, now);
                     self.maybe_free_path(path);
                 }
             }
-            Err(refusal) => self.reject(conn, refusal),
+            Err(refusal) => self.reject(port, conn, refusal),
         }
     }
 
-    /// Steps 1-5 of rtrs.md §2.4: find or create session and path.
+    /// Steps 1-5 of rtrs.md §2.4: find or create session and path. The
+    /// session is found by uuid whatever port the request came on; a new
+    /// path lives on `port`, and a path's further connections must come on
+    /// that port too.
     fn admit(
         &mut self,
+        port: usize,
         private_data: &[u8],
         addresses: (SocketAddr, SocketAddr),
         now: u64,
@@ -994,10 +1137,11 @@ impl<V: Verbs> Server<V> {
                     self.begin_close(index, CloseReason::Replaced, now);
                     self.sessions[usize::from(session)].stats.reconnects += 1;
                     self.maybe_free_path(index);
-                    self.create_path(session, &req, addresses)?
+                    self.create_path(port, session, &req, addresses)?
                 } else if path.state != PathState::Connecting {
                     return Err(ConnectRefusal::PathStillUp);
-                } else if path.cid_num != req.cid_num
+                } else if path.port != port
+                    || path.cid_num != req.cid_num
                     || path
                         .conns
                         .get(usize::from(req.cid))
@@ -1009,7 +1153,7 @@ impl<V: Verbs> Server<V> {
                 }
             }
             None => {
-                let result = self.create_path(session, &req, addresses);
+                let result = self.create_path(port, session, &req, addresses);
                 if result.is_err() {
                     self.maybe_free_session(session);
                 }
@@ -1056,6 +1200,7 @@ impl<V: Verbs> Server<V> {
 
     fn create_path(
         &mut self,
+        port: usize,
         session: u16,
         req: &ConnReq,
         addresses: (SocketAddr, SocketAddr),
@@ -1084,7 +1229,7 @@ impl<V: Verbs> Server<V> {
             .position(|p| p.state == PathState::Free)
             .ok_or(ConnectRefusal::TooManyPaths)?;
         let path = &mut self.paths[index];
-        path.reset(session, req);
+        path.reset(port, session, req);
         path.addresses = Some(addresses);
         if let Err(refusal) = self.allocate_pool(index) {
             self.release_pool(index);
@@ -1094,17 +1239,19 @@ impl<V: Verbs> Server<V> {
         Ok(index as u16)
     }
 
-    /// Allocates and registers the chunk pool and control buffers of a path.
+    /// Allocates and registers the chunk pool and control buffers of a path
+    /// on the path's port.
     fn allocate_pool(&mut self, index: usize) -> Result<(), ConnectRefusal> {
         let config = self.config;
+        let verbs = &mut self.ports[self.paths[index].port];
         let remote = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
         let oom = |_| ConnectRefusal::OutOfMemory;
         for _ in 0..config.queue_depth {
-            let buffer = self.verbs.alloc(config.chunk_size, 4096).map_err(oom)?;
-            let region = match self.verbs.reg_mr(buffer, remote) {
+            let buffer = verbs.alloc(config.chunk_size, 4096).map_err(oom)?;
+            let region = match verbs.reg_mr(buffer, remote) {
                 Ok(region) => region,
                 Err(_) => {
-                    let _ = self.verbs.free(buffer);
+                    let _ = verbs.free(buffer);
                     return Err(ConnectRefusal::OutOfMemory);
                 }
             };
@@ -1120,11 +1267,11 @@ impl<V: Verbs> Server<V> {
             ),
         ];
         for (which, (len, access)) in sizes.into_iter().enumerate() {
-            let buffer = self.verbs.alloc(len, 64).map_err(oom)?;
-            let region = match self.verbs.reg_mr(buffer, access) {
+            let buffer = verbs.alloc(len, 64).map_err(oom)?;
+            let region = match verbs.reg_mr(buffer, access) {
                 Ok(region) => region,
                 Err(_) => {
-                    let _ = self.verbs.free(buffer);
+                    let _ = verbs.free(buffer);
                     return Err(ConnectRefusal::OutOfMemory);
                 }
             };
@@ -1138,12 +1285,14 @@ impl<V: Verbs> Server<V> {
         Ok(())
     }
 
-    /// Frees every buffer of a path; `false` if some are still pinned.
+    /// Frees every buffer of a path on its port; `false` if some are still
+    /// pinned.
     fn release_pool(&mut self, index: usize) -> bool {
         let mut all = true;
         let path = &mut self.paths[index];
+        let verbs = &mut self.ports[path.port];
         while let Some(chunk) = path.chunks.pop() {
-            if self.verbs.free(chunk.region.handle).is_err() {
+            if verbs.free(chunk.region.handle).is_err() {
                 path.chunks.push(chunk);
                 all = false;
                 break;
@@ -1151,7 +1300,7 @@ impl<V: Verbs> Server<V> {
         }
         for slot in [&mut path.info_req, &mut path.info_rsp, &mut path.rkey_rsp] {
             if let Some(region) = *slot {
-                if self.verbs.free(region.handle).is_ok() {
+                if verbs.free(region.handle).is_ok() {
                     *slot = None;
                 } else {
                     all = false;
@@ -1169,6 +1318,7 @@ impl<V: Verbs> Server<V> {
         path: u16,
         cid: u16,
     ) -> Result<(), ConnectRefusal> {
+        let port = self.port_of(path);
         let id = self.path_id(path);
         let qd = self.config.queue_depth;
         let (send_depth, recv_depth) = if cid == 0 {
@@ -1190,14 +1340,14 @@ impl<V: Verbs> Server<V> {
                 wr_id: wr_id(WrKind::RecvInfo, id, 0),
                 sgl: Sgl::single(info.sge(0, info.len())),
             };
-            self.verbs
+            self.ports[port]
                 .post_recv(conn, &[recv])
                 .map_err(|_| ConnectRefusal::OutOfMemory)?;
         }
         let mut buf = [0u8; ConnRsp::LEN];
         let len = self.conn_rsp().emit(&mut buf).unwrap_or(0);
         let params = ConnParams::new(&buf[..len], send_depth, recv_depth);
-        self.verbs
+        self.ports[port]
             .accept(conn, &params)
             .map_err(|_| ConnectRefusal::ConnectionMismatch)?;
         let slot = &mut self.paths[usize::from(path)];
@@ -1208,15 +1358,21 @@ impl<V: Verbs> Server<V> {
             slot.remote = Some(remote);
         }
         if self.connections.len() < self.connections.capacity() {
-            self.connections.push((conn, path, cid));
+            self.connections.push(Connection {
+                port,
+                conn,
+                path,
+                cid,
+            });
         }
         self.stats.accepted += 1;
         Ok(())
     }
 
     fn detach_conn(&mut self, path: u16, conn: ConnId) {
-        let _ = self.verbs.destroy(conn);
-        self.forget_conn(conn);
+        let port = self.port_of(path);
+        let _ = self.ports[port].destroy(conn);
+        self.forget_conn(port, conn);
         for entry in self.paths[usize::from(path)].conns.iter_mut() {
             if *entry == Some(conn) {
                 *entry = None;
@@ -1227,6 +1383,7 @@ impl<V: Verbs> Server<V> {
     /// Connected/Connecting -> Closing: disconnect every connection, drop
     /// requests the consumer does not hold, raise PathDown/SessionClosed.
     fn begin_close(&mut self, path: u16, reason: CloseReason, now: u64) {
+        let port = self.port_of(path);
         let index = usize::from(path);
         let slot = &mut self.paths[index];
         if !matches!(slot.state, PathState::Connecting | PathState::Connected) {
@@ -1247,7 +1404,7 @@ impl<V: Verbs> Server<V> {
         let session = slot.session;
         for cid in 0..slot.conns.len() {
             if let Some(conn) = self.paths[index].conns[cid] {
-                if self.verbs.disconnect(conn).is_err() {
+                if self.ports[port].disconnect(conn).is_err() {
                     // Not connected yet (or already down): release it now.
                     self.detach_conn(path, conn);
                 }
@@ -1299,11 +1456,11 @@ impl<V: Verbs> Server<V> {
 
     // ----- completions ---------------------------------------------------------
 
-    fn handle_completion(&mut self, wc: WorkCompletion, now: u64) {
+    fn handle_completion(&mut self, port: usize, wc: WorkCompletion, now: u64) {
         let Some((kind, id, chunk)) = split_wr_id(wc.wr_id) else {
             return;
         };
-        let Some(path) = self.path(id) else {
+        let Some(path) = self.path(id).filter(|path| path.port == port) else {
             return; // a completion of a path already gone
         };
         let index = id.index;
@@ -1335,6 +1492,7 @@ impl<V: Verbs> Server<V> {
 
     /// rtrs.md §3.2.
     fn handle_info_req(&mut self, path: u16, wc: WorkCompletion, now: u64) {
+        let port = self.port_of(path);
         let index = usize::from(path);
         let slot = &self.paths[index];
         let Some(buffer) = slot.info_req else {
@@ -1342,7 +1500,7 @@ impl<V: Verbs> Server<V> {
         };
         let mut name: heapless::String<PATHNAME_LEN> = heapless::String::new();
         let parsed = if wc.opcode == WcOpcode::Recv && wc.byte_len as usize >= InfoReq::LEN {
-            self.verbs
+            self.ports[port]
                 .with_slice(buffer.handle, 0, InfoReq::LEN as u32, |bytes| {
                     InfoReq::parse(bytes).map(|req| {
                         let _ = name.push_str(req.session_name);
@@ -1398,11 +1556,13 @@ impl<V: Verbs> Server<V> {
             session: session_id,
             path: path_id,
             remote,
+            port,
         });
     }
 
     /// 512 zero-SGE receives on cid 0, `qd` on every other cid.
     fn post_io_receives(&mut self, path: u16) -> Result<(), PostError> {
+        let port = self.port_of(path);
         let id = self.path_id(path);
         let recv = RecvWr {
             wr_id: wr_id(WrKind::RecvIo, id, 0),
@@ -1419,7 +1579,7 @@ impl<V: Verbs> Server<V> {
             };
             while remaining > 0 {
                 let count = remaining.min(RECV_BATCH);
-                self.verbs.post_recv(conn, &batch[..count])?;
+                self.ports[port].post_recv(conn, &batch[..count])?;
                 remaining -= count;
             }
         }
@@ -1428,6 +1588,7 @@ impl<V: Verbs> Server<V> {
 
     /// INFO_RSP with one descriptor per chunk (rtrs.md §3.3).
     fn send_info_rsp(&mut self, path: u16) -> Result<(), PostError> {
+        let port = self.port_of(path);
         let id = self.path_id(path);
         let slot = &self.paths[usize::from(path)];
         let buffer = slot.info_rsp.ok_or(PostError::InvalidKey)?;
@@ -1450,14 +1611,14 @@ impl<V: Verbs> Server<V> {
                 len: chunk_size,
             });
             let at = (InfoRsp::HEADER_LEN + SgDesc::LEN * i) as u32;
-            written = written.and(self.verbs.write(buffer.handle, at, desc.as_bytes()));
+            written = written.and(self.ports[port].write(buffer.handle, at, desc.as_bytes()));
         }
         let header = RawInfoRspHeader {
             msg_type: U16::new(wire::MsgType::InfoRsp.into()),
             sg_cnt: U16::new(count as u16),
             reserved: [0; 4],
         };
-        written = written.and(self.verbs.write(buffer.handle, 0, header.as_bytes()));
+        written = written.and(self.ports[port].write(buffer.handle, 0, header.as_bytes()));
         written.map_err(PostError::from)?;
         let send = SendWr {
             wr_id: wr_id(WrKind::SendInfoRsp, id, 0),
@@ -1467,11 +1628,12 @@ impl<V: Verbs> Server<V> {
                 imm: None,
             },
         };
-        self.verbs.post_send(conn, &[send])
+        self.ports[port].post_send(conn, &[send])
     }
 
     /// rtrs.md §4.5 step 1-2, §5.
     fn handle_io_receive(&mut self, path: u16, wc: WorkCompletion, now: u64) {
+        let port = self.port_of(path);
         let index = usize::from(path);
         let id = self.path_id(path);
         let Some(cid) = self.paths[index]
@@ -1486,7 +1648,7 @@ impl<V: Verbs> Server<V> {
             wr_id: wr_id(WrKind::RecvIo, id, 0),
             sgl: Sgl::new(),
         };
-        if self.verbs.post_recv(wc.conn, &[recv]).is_err() {
+        if self.ports[port].post_recv(wc.conn, &[recv]).is_err() {
             self.begin_close(path, CloseReason::PostFailed, now);
             return;
         }
@@ -1532,6 +1694,7 @@ impl<V: Verbs> Server<V> {
     }
 
     fn try_invalidate(&mut self, path: u16, chunk: u16, now: u64) {
+        let port = self.port_of(path);
         let index = usize::from(path);
         let id = self.path_id(path);
         let slot = &self.paths[index];
@@ -1551,7 +1714,7 @@ impl<V: Verbs> Server<V> {
                 rkey: chunk_slot.region.rkey,
             },
         };
-        match self.verbs.post_send(conn, &[wr]) {
+        match self.ports[port].post_send(conn, &[wr]) {
             Ok(()) => {
                 self.paths[index].chunks[usize::from(chunk)].state =
                     IoState::WaitingForInvalidate { cid, offset };
@@ -1572,13 +1735,13 @@ impl<V: Verbs> Server<V> {
 
     /// rtrs.md §4.5 steps 4-7 with rnbd.md §8.2 #15-#19.
     fn parse_request(&mut self, path: u16, chunk: u16, cid: u16, offset: u32, now: u64) {
+        let port = self.port_of(path);
         let index = usize::from(path);
         let chunk_size = self.config.chunk_size;
         let slot = &self.paths[index].chunks[usize::from(chunk)];
         let handle = slot.region.handle;
         let generation = slot.generation;
-        let parsed = self
-            .verbs
+        let parsed = self.ports[port]
             .with_slice(handle, 0, handle.len(), |bytes| {
                 match IoRequest::parse(bytes, offset as usize) {
                     Ok(request) => Ok((request.msg, request.data_len, request.user_header.len())),
@@ -1675,6 +1838,7 @@ impl<V: Verbs> Server<V> {
             header,
             data,
             admin: cid == 0,
+            port: self.port_of(path),
         });
     }
 
@@ -1688,6 +1852,7 @@ impl<V: Verbs> Server<V> {
 
     /// Builds and posts the response chain of rtrs.md §4.6.
     fn try_respond(&mut self, path: u16, chunk: u16, now: u64) {
+        let port = self.port_of(path);
         let index = usize::from(path);
         let id = self.path_id(path);
         let invalidate_mode = self.config.always_invalidate;
@@ -1717,7 +1882,7 @@ impl<V: Verbs> Server<V> {
         let mut response = response;
         let mut rkey = region.rkey;
         if invalidate_mode && !response.rekeyed {
-            match self.verbs.rekey(region.lkey) {
+            match self.ports[port].rekey(region.lkey) {
                 Ok(fresh) => {
                     rkey = fresh;
                     response.rekeyed = true;
@@ -1790,8 +1955,7 @@ impl<V: Verbs> Server<V> {
             }
             .emit(&mut bytes);
             let offset = u32::from(chunk) * RkeyRsp::LEN as u32;
-            if self
-                .verbs
+            if self.ports[port]
                 .write(rkey_buffer.handle, offset, &bytes)
                 .is_err()
             {
@@ -1815,7 +1979,7 @@ impl<V: Verbs> Server<V> {
             signaled: true,
             op: completion,
         });
-        match self.verbs.post_send(conn, &wrs) {
+        match self.ports[port].post_send(conn, &wrs) {
             Ok(()) => {
                 let is_read = read.is_some();
                 let errno = response.errno;
@@ -1858,13 +2022,14 @@ impl<V: Verbs> Server<V> {
     // ----- heartbeats and parked work ------------------------------------------
 
     fn send_heartbeat_ack(&mut self, path: u16) {
+        let port = self.port_of(path);
         let index = usize::from(path);
         let id = self.path_id(path);
         let Some(conn) = self.paths[index].conns.first().copied().flatten() else {
             return;
         };
         let wr = heartbeat_wr(id, Imm::HbAck);
-        match self.verbs.post_send(conn, &[wr]) {
+        match self.ports[port].post_send(conn, &[wr]) {
             Ok(()) => {
                 let slot = &mut self.paths[index];
                 slot.ack_pending = false;
@@ -1938,6 +2103,7 @@ impl<V: Verbs> Server<V> {
 
     /// rtrs.md §5: one outstanding heartbeat; dead after `missed_max`.
     fn heartbeat_tick(&mut self, path: u16, now: u64) {
+        let port = self.port_of(path);
         let index = usize::from(path);
         let max = self.config.heartbeat_missed_max;
         let slot = &mut self.paths[index];
@@ -1955,8 +2121,7 @@ impl<V: Verbs> Server<V> {
         let Some(conn) = self.paths[index].conns.first().copied().flatten() else {
             return;
         };
-        if self
-            .verbs
+        if self.ports[port]
             .post_send(conn, &[heartbeat_wr(id, Imm::HbMsg)])
             .is_ok()
         {

@@ -160,6 +160,8 @@ pub(super) enum PathState {
 pub(super) struct PathSlot {
     pub state: PathState,
     pub generation: u16,
+    /// The port (provider) of every connection and buffer of the path.
+    pub port: usize,
     pub session: u16,
     pub uuid: Uuid,
     pub recon_cnt: u16,
@@ -185,6 +187,7 @@ impl PathSlot {
         Self {
             state: PathState::Free,
             generation: 0,
+            port: 0,
             session: 0,
             uuid: Uuid([0; 16]),
             recon_cnt: 0,
@@ -203,10 +206,11 @@ impl PathSlot {
         }
     }
 
-    /// Takes the free slot for a new path of `session` (within capacity:
-    /// `cid_num` was checked against the configured maximum).
-    pub fn reset(&mut self, session: u16, req: &ConnReq) {
+    /// Takes the free slot for a new path of `session` on `port` (within
+    /// capacity: `cid_num` was checked against the configured maximum).
+    pub fn reset(&mut self, port: usize, session: u16, req: &ConnReq) {
         self.state = PathState::Connecting;
+        self.port = port;
         self.session = session;
         self.uuid = req.path_uuid;
         self.recon_cnt = req.recon_cnt;
