@@ -1,8 +1,10 @@
 //! The Brick board: the target engine built from a boot manifest.
 //!
 //! [`Engine`] owns everything the target serves with (DESIGN.md §2, §3):
-//! one software HCA ([`roce::hca::Hca`]) per manifest interface, an RTRS
-//! server ([`rtrs::server::Server`]) over each HCA, one RNBD server
+//! one software HCA ([`roce::hca::Hca`]) per manifest interface, one RTRS
+//! server ([`rtrs::server::Server`]) over all of them (its ports, so a
+//! multipath client's paths over several interfaces are one session), one
+//! RNBD server
 //! ([`rnbd::server::Server`]) for all of them, the volumes and the export
 //! table (the manifest's volumes, `device_path` mapping and access list).
 //! It is `no_std` + `alloc`, allocates only in [`Engine::new`], and is
@@ -46,8 +48,6 @@
 //!
 //! # Limits of this version
 //!
-//! * Each interface has its own RTRS server, so a multipath client's paths
-//!   over two interfaces are two sessions to the engine.
 //! * ICMP echo requests to an interface address are answered (so a peer can
 //!   `ping` the target up); one reply is held per interface.
 
@@ -83,6 +83,7 @@ use rnbd::server::{
 };
 use rnbd::wire::RtrsDirection;
 use roce::hca::{Hca, HcaConfig};
+use roce::types::Mtu;
 use rtrs::server::{
     Event, IoDirection, IoToken, PathId, ReadData, Server, ServerConfig, SessionId,
 };
@@ -123,8 +124,8 @@ const MAX_DISCARD_SECTORS: u32 = 16 * 1024;
 /// The engine's HCA type.
 pub type EngineHca<K> = Hca<Vec<u8>, K, HCA_REGIONS, HCA_QPS, HCA_CQ>;
 
-/// A chunk's data area as a volume sees it: the interface whose registered
-/// memory holds it and the memory handle. Volumes reach the bytes only
+/// A chunk's data area as a volume sees it: the interface (RTRS port)
+/// whose registered memory holds it and the memory handle. Volumes reach the bytes only
 /// through the engine's [`BufferAccess`], which checks both.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Chunk {
@@ -156,6 +157,8 @@ impl<F: FnMut(usize, &[u8], &[&[u8]], &[u8])> Transmit for F {
 pub enum BuildError {
     /// The manifest names no interface.
     NoInterface,
+    /// An interface the HCA cannot serve (name, why).
+    Interface(String, &'static str),
     /// A volume could not be opened or is not served by this build
     /// (name, why).
     Volume(String, String),
@@ -173,6 +176,7 @@ impl fmt::Display for BuildError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::NoInterface => f.write_str("the manifest has no interface"),
+            Self::Interface(name, why) => write!(f, "interface {name}: {why}"),
             Self::Volume(name, why) => write!(f, "volume {name}: {why}"),
             Self::TooManyVolumes => f.write_str("more volumes than RNBD can index"),
             Self::Geometry(name, why) => write!(f, "volume {name}: {why}"),
@@ -242,19 +246,17 @@ pub fn volume_info(
     Ok(info)
 }
 
-/// One served interface: its HCA (inside the RTRS server) and a pending
-/// ICMP echo reply.
-struct Interface<K: KeySource> {
+/// One served interface (its HCA is the RTRS server's port of the same
+/// index) and a pending ICMP echo reply.
+struct Interface {
     name: String,
     ip: Ipv4Addr,
-    server: Box<Server<EngineHca<K>>>,
     icmp: Box<[u8; ICMP_REPLY_LEN]>,
     icmp_len: usize,
 }
 
-/// One RNBD session (one RTRS session on one interface).
+/// One RNBD session (one RTRS session, its paths on any interfaces).
 struct SessionEntry {
-    interface: usize,
     id: SessionId,
     name: String,
     source: Option<Ipv4Addr>,
@@ -270,13 +272,11 @@ struct SessionEntry {
 #[derive(Clone, Copy)]
 struct Deferred {
     tag: u32,
-    interface: usize,
     token: IoToken,
 }
 
 /// A block request handed to a volume, waiting for its completion.
 struct PendingIo {
-    interface: usize,
     session: SessionId,
     token: IoToken,
     ticket: IoTicket,
@@ -329,9 +329,9 @@ impl<D> Exports for SessionExports<'_, '_, D> {
     }
 }
 
-/// The chunks of every interface, as volumes reach them.
+/// The chunks of every port, as volumes reach them.
 struct ChunkMemory<'a, K: KeySource> {
-    interfaces: &'a mut [Interface<K>],
+    server: &'a mut Server<EngineHca<K>>,
 }
 
 impl<K: KeySource> BufferAccess<Chunk> for ChunkMemory<'_, K> {
@@ -344,10 +344,9 @@ impl<K: KeySource> BufferAccess<Chunk> for ChunkMemory<'_, K> {
         if len > buffer.handle.len() {
             return Err(BufferError::TooShort);
         }
-        let iface = self.interfaces.get(buffer.port).ok_or(BufferError::Stale)?;
-        iface
-            .server
-            .verbs()
+        self.server
+            .port(buffer.port)
+            .ok_or(BufferError::Stale)?
             .with_slice(buffer.handle, 0, len, f)
             .map_err(|_| BufferError::Stale)
     }
@@ -361,13 +360,9 @@ impl<K: KeySource> BufferAccess<Chunk> for ChunkMemory<'_, K> {
         if len > buffer.handle.len() {
             return Err(BufferError::TooShort);
         }
-        let iface = self
-            .interfaces
-            .get_mut(buffer.port)
-            .ok_or(BufferError::Stale)?;
-        iface
-            .server
-            .verbs_mut()
+        self.server
+            .port_mut(buffer.port)
+            .ok_or(BufferError::Stale)?
             .with_slice_mut(buffer.handle, 0, len, f)
             .map_err(|_| BufferError::Stale)
     }
@@ -388,8 +383,9 @@ pub fn server_config(manifest: &Manifest<'_>) -> ServerConfig {
     config
 }
 
-/// Registered memory each HCA gets: room for up to [`MAX_PATH_POOLS`] path
-/// chunk pools (bounded by what the limits can use) plus control buffers.
+/// Registered memory each HCA (port) gets: room for up to
+/// [`MAX_PATH_POOLS`] path chunk pools (bounded by what the limits can use)
+/// plus control buffers.
 pub fn arena_bytes(config: &ServerConfig) -> usize {
     let per_path = u64::from(config.queue_depth) * (u64::from(config.chunk_size) + 64) + (1 << 16);
     usize::try_from(per_path * path_pools(config)).unwrap_or(usize::MAX)
@@ -415,7 +411,8 @@ type Logger<'m> = Box<dyn FnMut(fmt::Arguments<'_>) + 'm>;
 /// The target engine. See the crate docs.
 pub struct Engine<'m, K: KeySource, D: BlockDevice<Chunk> = RamVolume> {
     manifest: Manifest<'m>,
-    interfaces: Vec<Interface<K>>,
+    interfaces: Vec<Interface>,
+    server: Box<Server<EngineHca<K>>>,
     rnbd: rnbd::server::Server,
     sessions: Vec<SessionEntry>,
     session_capacity: usize,
@@ -447,7 +444,8 @@ impl<'m, K: KeySource, D: BlockDevice<Chunk>> Engine<'m, K, D> {
     /// Builds the engine from a checked manifest: `open(config, volume)`
     /// opens each volume's device (`config` is the RTRS configuration the
     /// manifest makes: queue depth and chunk size bound what devices see),
-    /// one HCA and RTRS server per interface (listening), the RNBD server.
+    /// one HCA per interface (path MTU from the interface MTU), the RTRS
+    /// server over all of them (listening), the RNBD server.
     /// `keys(i)` gives interface `i`'s random source (R_Keys, QPNs, PSNs, CM
     /// ids). All memory is allocated here.
     ///
@@ -480,9 +478,10 @@ impl<'m, K: KeySource, D: BlockDevice<Chunk>> Engine<'m, K, D> {
         }
         let arena = arena_bytes(&config);
         let mut interfaces = Vec::with_capacity(manifest.interface_count());
+        let mut ports = Vec::with_capacity(manifest.interface_count());
         for (index, iface) in manifest.interfaces().enumerate() {
             let ip = iface.address.address;
-            let hca = Hca::new(
+            let mut hca = Hca::new(
                 alloc::vec![0u8; arena],
                 keys(index),
                 HcaConfig {
@@ -490,18 +489,22 @@ impl<'m, K: KeySource, D: BlockDevice<Chunk>> Engine<'m, K, D> {
                     ip: ip.octets(),
                 },
             );
-            let mut server = Box::new(Server::new(hca, config).map_err(BuildError::Config)?);
-            server.start().map_err(BuildError::Listen)?;
+            let mtu = Mtu::for_ethernet_mtu(usize::from(iface.mtu)).ok_or_else(|| {
+                BuildError::Interface(iface.name.into(), "MTU below 256 bytes of RoCE payload")
+            })?;
+            hca.set_path_mtu(mtu);
+            ports.push(hca);
             interfaces.push(Interface {
                 name: iface.name.into(),
                 ip,
-                server,
                 icmp: Box::new([0; ICMP_REPLY_LEN]),
                 icmp_len: 0,
             });
         }
+        let mut server = Box::new(Server::with_ports(ports, config).map_err(BuildError::Config)?);
+        server.start().map_err(BuildError::Listen)?;
         // Closed sessions linger while their IO drains: room for as many.
-        let session_capacity = usize::from(config.max_sessions) * interfaces.len() * 2;
+        let session_capacity = usize::from(config.max_sessions) * 2;
         let mut pending = Vec::with_capacity(requests);
         pending.resize_with(requests, || None);
         let free_pending = (0..u32::try_from(requests).unwrap_or(u32::MAX))
@@ -510,6 +513,7 @@ impl<'m, K: KeySource, D: BlockDevice<Chunk>> Engine<'m, K, D> {
         Ok(Self {
             manifest,
             interfaces,
+            server,
             rnbd: rnbd::server::Server::new(),
             sessions: Vec::with_capacity(session_capacity),
             session_capacity,
@@ -538,9 +542,15 @@ impl<'m, K: KeySource, D: BlockDevice<Chunk>> Engine<'m, K, D> {
         self.interfaces.len()
     }
 
-    /// The RTRS server of interface `interface` (statistics, tests).
+    /// The RTRS server, if `interface` exists: one server serves every
+    /// interface (its port `interface`).
     pub fn rtrs(&self, interface: usize) -> Option<&Server<EngineHca<K>>> {
-        self.interfaces.get(interface).map(|i| &*i.server)
+        (interface < self.interfaces.len()).then_some(&*self.server)
+    }
+
+    /// The RTRS server (all interfaces are its ports).
+    pub fn server(&self) -> &Server<EngineHca<K>> {
+        &self.server
     }
 
     /// Open RNBD sessions (closed ones still draining IO not counted).
@@ -589,7 +599,9 @@ impl<'m, K: KeySource, D: BlockDevice<Chunk>> Engine<'m, K, D> {
         } else if is_icmp(frame) {
             return; // one reply at a time; the peer pings again
         }
-        iface.server.verbs_mut().receive(now, frame);
+        if let Some(hca) = self.server.port_mut(interface) {
+            hca.receive(now, frame);
+        }
     }
 
     /// Advances everything once: RTRS servers (bounded by their CM and
@@ -599,13 +611,10 @@ impl<'m, K: KeySource, D: BlockDevice<Chunk>> Engine<'m, K, D> {
     /// each). Returns whether anything happened; if not, sleep until
     /// [`poll_at`](Self::poll_at), a frame or a volume descriptor.
     pub fn poll<T: Transmit + ?Sized>(&mut self, now: u64, sink: &mut T) -> bool {
-        let mut busy = false;
-        for index in 0..self.interfaces.len() {
-            busy |= self.interfaces[index].server.poll(now);
-            while let Some(event) = self.interfaces[index].server.next_event() {
-                busy = true;
-                self.handle_event(index, event, now);
-            }
+        let mut busy = self.server.poll(now);
+        while let Some(event) = self.server.next_event() {
+            busy = true;
+            self.handle_event(event, now);
         }
         busy |= self.poll_volumes(now);
         for (index, iface) in self.interfaces.iter_mut().enumerate() {
@@ -614,7 +623,10 @@ impl<'m, K: KeySource, D: BlockDevice<Chunk>> Engine<'m, K, D> {
                 iface.icmp_len = 0;
                 busy = true;
             }
-            busy |= iface.server.verbs_mut().poll(
+            let Some(hca) = self.server.port_mut(index) else {
+                continue;
+            };
+            busy |= hca.poll(
                 now,
                 &mut |headers: &[u8], payload: &[&[u8]], trailer: &[u8]| {
                     sink.transmit(index, headers, payload, trailer)
@@ -635,17 +647,15 @@ impl<'m, K: KeySource, D: BlockDevice<Chunk>> Engine<'m, K, D> {
                 Some(now)
             }
         });
-        self.interfaces
+        let icmp = self
+            .interfaces
             .iter()
-            .flat_map(|iface| {
-                let pending = if iface.icmp_len > 0 { Some(now) } else { None };
-                [
-                    iface.server.verbs().poll_at(now),
-                    iface.server.poll_at(),
-                    pending,
-                ]
-            })
-            .flatten()
+            .filter(|iface| iface.icmp_len > 0)
+            .map(|_| now);
+        let hcas = (0..self.server.port_count())
+            .filter_map(|port| self.server.port(port).and_then(|hca| hca.poll_at(now)));
+        hcas.chain(self.server.poll_at())
+            .chain(icmp)
             .chain(volumes)
             .min()
     }
@@ -653,19 +663,14 @@ impl<'m, K: KeySource, D: BlockDevice<Chunk>> Engine<'m, K, D> {
     /// Starts closing every path (shutdown); keep polling until
     /// [`is_quiet`](Self::is_quiet) to let the disconnects out.
     pub fn close_all(&mut self, now: u64) {
-        for iface in &mut self.interfaces {
-            iface.server.close_all(now);
-        }
+        self.server.close_all(now);
     }
 
     /// True when no RTRS path or session is left on any interface and no
     /// volume request is in flight.
     pub fn is_quiet(&self) -> bool {
-        self.volume_requests_in_flight() == 0
-            && self.interfaces.iter().all(|iface| {
-                let usage = iface.server.usage();
-                usage.paths == 0 && usage.sessions == 0
-            })
+        let usage = self.server.usage();
+        self.volume_requests_in_flight() == 0 && usage.paths == 0 && usage.sessions == 0
     }
 
     /// True when nothing is held: no session (open or draining), no path,
@@ -675,10 +680,7 @@ impl<'m, K: KeySource, D: BlockDevice<Chunk>> Engine<'m, K, D> {
         self.sessions.is_empty()
             && self.volume_requests_in_flight() == 0
             && self.deferred.is_empty()
-            && self
-                .interfaces
-                .iter()
-                .all(|iface| iface.server.usage() == rtrs::server::Usage::default())
+            && self.server.usage() == rtrs::server::Usage::default()
     }
 
     /// A printable statistics report (per interface, session, path and
@@ -687,13 +689,16 @@ impl<'m, K: KeySource, D: BlockDevice<Chunk>> Engine<'m, K, D> {
         StatsReport { engine: self }
     }
 
-    fn session_index(&self, interface: usize, id: SessionId) -> Option<usize> {
-        self.sessions
-            .iter()
-            .position(|s| s.interface == interface && s.id == id)
+    fn session_index(&self, id: SessionId) -> Option<usize> {
+        self.sessions.iter().position(|s| s.id == id)
     }
 
-    fn handle_event(&mut self, interface: usize, event: Event, now: u64) {
+    /// The name of interface `port`, for logs.
+    fn interface_name(&self, port: usize) -> &str {
+        self.interfaces.get(port).map_or("?", |i| i.name.as_str())
+    }
+
+    fn handle_event(&mut self, event: Event, now: u64) {
         match event {
             Event::SessionOpened { session, name } => {
                 if self.sessions.len() >= self.session_capacity {
@@ -705,13 +710,8 @@ impl<'m, K: KeySource, D: BlockDevice<Chunk>> Engine<'m, K, D> {
                     return;
                 }
                 let name: String = name.as_str().into();
-                log!(
-                    self,
-                    "session {name:?} opened on {}",
-                    self.interfaces[interface].name
-                );
+                log!(self, "session {name:?} opened");
                 self.sessions.push(SessionEntry {
-                    interface,
                     id: session,
                     name,
                     source: None,
@@ -725,10 +725,10 @@ impl<'m, K: KeySource, D: BlockDevice<Chunk>> Engine<'m, K, D> {
                 session,
                 path,
                 remote,
-                ..
+                port,
             } => {
-                let Some(index) = self.session_index(interface, session) else {
-                    self.interfaces[interface].server.close_path(path, now);
+                let Some(index) = self.session_index(session) else {
+                    self.server.close_path(path, now);
                     return;
                 };
                 let source = match remote.map(|r| r.ip()) {
@@ -740,16 +740,17 @@ impl<'m, K: KeySource, D: BlockDevice<Chunk>> Engine<'m, K, D> {
                     entry.source = source;
                 }
                 if entry.paths.push(path).is_err() {
-                    self.interfaces[interface].server.close_path(path, now);
+                    self.server.close_path(path, now);
                     return;
                 }
                 let name = self.sessions[index].name.clone();
                 let admitted = source.is_some_and(|ip| self.manifest.admits(&name, ip));
                 let shown = source.unwrap_or(Ipv4Addr::UNSPECIFIED);
+                let interface: String = self.interface_name(port).into();
                 log!(
                     self,
-                    "path up: session {name:?} from {shown} on {}",
-                    self.interfaces[interface].name
+                    "path up: session {name:?} from {shown} on {interface} ({} paths)",
+                    self.sessions[index].paths.len()
                 );
                 if !admitted {
                     log!(self,
@@ -762,14 +763,14 @@ impl<'m, K: KeySource, D: BlockDevice<Chunk>> Engine<'m, K, D> {
                 path,
                 reason,
             } => {
-                if let Some(index) = self.session_index(interface, session) {
+                if let Some(index) = self.session_index(session) {
                     self.sessions[index].paths.retain(|p| *p != path);
                     let name = self.sessions[index].name.clone();
                     log!(self, "path down: session {name:?}: {reason:?}");
                 }
             }
             Event::SessionClosed { session } => {
-                if let Some(index) = self.session_index(interface, session) {
+                if let Some(index) = self.session_index(session) {
                     let entry = &mut self.sessions[index];
                     let draining = self.rnbd.end_session(&mut entry.rnbd);
                     entry.closed = true;
@@ -791,8 +792,9 @@ impl<'m, K: KeySource, D: BlockDevice<Chunk>> Engine<'m, K, D> {
                 direction,
                 header,
                 data,
+                port,
                 ..
-            } => self.serve_io(interface, session, token, direction, header, data, now),
+            } => self.serve_io(port, session, token, direction, header, data, now),
             _ => {}
         }
     }
@@ -805,13 +807,9 @@ impl<'m, K: KeySource, D: BlockDevice<Chunk>> Engine<'m, K, D> {
         }
     }
 
-    fn answer(&mut self, interface: usize, token: IoToken, errno: u16, now: u64) {
+    fn answer(&mut self, token: IoToken, errno: u16, now: u64) {
         self.answered += 1;
-        if let Err(error) =
-            self.interfaces[interface]
-                .server
-                .complete_io(token, errno, ReadData::Chunk, now)
-        {
+        if let Err(error) = self.server.complete_io(token, errno, ReadData::Chunk, now) {
             log!(self, "complete_io({token:?}): {error:?}");
         }
     }
@@ -819,7 +817,7 @@ impl<'m, K: KeySource, D: BlockDevice<Chunk>> Engine<'m, K, D> {
     #[allow(clippy::too_many_arguments)]
     fn serve_io(
         &mut self,
-        interface: usize,
+        port: usize,
         session: SessionId,
         token: IoToken,
         direction: IoDirection,
@@ -828,22 +826,21 @@ impl<'m, K: KeySource, D: BlockDevice<Chunk>> Engine<'m, K, D> {
         now: u64,
     ) {
         let Some(index) = self
-            .session_index(interface, session)
+            .session_index(session)
             .filter(|&i| !self.sessions[i].closed)
         else {
-            self.answer(interface, token, rtrs::server::errno::ENXIO, now);
+            self.answer(token, rtrs::server::errno::ENXIO, now);
             return;
         };
         let mut user = [0u8; MAX_USER_HEADER];
         let header_len = (header.len() as usize).min(MAX_USER_HEADER);
-        let copied =
-            self.interfaces[interface]
-                .server
-                .verbs()
-                .read(header, 0, &mut user[..header_len]);
-        if copied.is_err() || header.len() as usize > MAX_USER_HEADER {
+        let copied = self
+            .server
+            .port(port)
+            .map(|hca| hca.read(header, 0, &mut user[..header_len]));
+        if !matches!(copied, Some(Ok(()))) || header.len() as usize > MAX_USER_HEADER {
             log!(self, "refuse: unreadable or oversized RNBD header");
-            self.answer(interface, token, rtrs::server::errno::EINVAL, now);
+            self.answer(token, rtrs::server::errno::EINVAL, now);
             return;
         }
         let (rtrs_direction, data_len) = match direction {
@@ -860,7 +857,7 @@ impl<'m, K: KeySource, D: BlockDevice<Chunk>> Engine<'m, K, D> {
         };
         let Self {
             manifest,
-            interfaces,
+            server,
             rnbd,
             sessions,
             volumes,
@@ -874,19 +871,15 @@ impl<'m, K: KeySource, D: BlockDevice<Chunk>> Engine<'m, K, D> {
             session: &entry.name,
             source: entry.source.unwrap_or(Ipv4Addr::UNSPECIFIED),
         };
-        let action = interfaces[interface].server.verbs_mut().with_slice_mut(
-            data,
-            0,
-            data.len(),
-            |response| rnbd.process(&mut entry.rnbd, &exports, &request, response),
-        );
-        let action = match action {
-            Ok(action) => action,
-            Err(_) => {
-                log!(self, "refuse: chunk data area not accessible");
-                self.answer(interface, token, rtrs::server::errno::EIO, now);
-                return;
-            }
+        let action = server.port_mut(port).map(|hca| {
+            hca.with_slice_mut(data, 0, data.len(), |response| {
+                rnbd.process(&mut entry.rnbd, &exports, &request, response)
+            })
+        });
+        let Some(Ok(action)) = action else {
+            log!(self, "refuse: chunk data area not accessible");
+            self.answer(token, rtrs::server::errno::EIO, now);
+            return;
         };
         match action {
             Action::Respond { .. } => {
@@ -899,13 +892,13 @@ impl<'m, K: KeySource, D: BlockDevice<Chunk>> Engine<'m, K, D> {
                         entry.rnbd.devices_in_use()
                     );
                 }
-                self.answer(interface, token, 0, now);
+                self.answer(token, 0, now);
             }
             Action::Refuse(error) => {
                 let errno = rnbd::server::status_for(&error);
                 let name = self.sessions[index].name.clone();
                 log!(self, "refuse: session {name:?}: {error} (errno {errno})");
-                self.answer(interface, token, errno, now);
+                self.answer(token, errno, now);
             }
             Action::Submit { request, ticket } => {
                 let Some(slot) = self.free_pending.pop() else {
@@ -914,13 +907,10 @@ impl<'m, K: KeySource, D: BlockDevice<Chunk>> Engine<'m, K, D> {
                     let completion =
                         self.rnbd
                             .complete(&mut entry.rnbd, ticket, Err(IoError::Resource));
-                    self.answer(interface, token, completion.status, now);
+                    self.answer(token, completion.status, now);
                     return;
                 };
-                let chunk = Chunk {
-                    port: interface,
-                    handle: data,
-                };
+                let chunk = Chunk { port, handle: data };
                 let op = match request.op {
                     BlockOp::Read { offset, len } => Op::Read {
                         offset,
@@ -938,7 +928,6 @@ impl<'m, K: KeySource, D: BlockDevice<Chunk>> Engine<'m, K, D> {
                     BlockOp::WriteZeroes { offset, len } => Op::WriteZeroes { offset, len },
                 };
                 self.pending[slot as usize] = Some(PendingIo {
-                    interface,
                     session,
                     token,
                     ticket,
@@ -955,15 +944,11 @@ impl<'m, K: KeySource, D: BlockDevice<Chunk>> Engine<'m, K, D> {
             }
             Action::CloseDeferred => {
                 if self.deferred.len() < MAX_DEFERRED {
-                    self.deferred.push(Deferred {
-                        tag,
-                        interface,
-                        token,
-                    });
+                    self.deferred.push(Deferred { tag, token });
                 } else {
                     // No room to hold it: answer now (the device is gone
                     // for the client either way).
-                    self.answer(interface, token, 0, now);
+                    self.answer(token, 0, now);
                 }
             }
         }
@@ -988,7 +973,7 @@ impl<'m, K: KeySource, D: BlockDevice<Chunk>> Engine<'m, K, D> {
             return;
         }
         let mut memory = ChunkMemory {
-            interfaces: &mut self.interfaces,
+            server: &mut self.server,
         };
         match served.device.submit(request, &mut memory) {
             Ok(()) => {}
@@ -1017,7 +1002,7 @@ impl<'m, K: KeySource, D: BlockDevice<Chunk>> Engine<'m, K, D> {
                 heapless::Vec::new();
             let served = &mut self.volumes[volume];
             let mut memory = ChunkMemory {
-                interfaces: &mut self.interfaces,
+                server: &mut self.server,
             };
             served
                 .device
@@ -1036,7 +1021,7 @@ impl<'m, K: KeySource, D: BlockDevice<Chunk>> Engine<'m, K, D> {
             while let Some(request) = self.volumes[volume].parked.pop_front() {
                 let served = &mut self.volumes[volume];
                 let mut memory = ChunkMemory {
-                    interfaces: &mut self.interfaces,
+                    server: &mut self.server,
                 };
                 match served.device.submit(request, &mut memory) {
                     Ok(()) => busy = true,
@@ -1067,18 +1052,18 @@ impl<'m, K: KeySource, D: BlockDevice<Chunk>> Engine<'m, K, D> {
         };
         // `tag` came from `free_pending`, so it fits.
         self.free_pending.push(tag as u32);
-        let Some(index) = self.session_index(pending.interface, pending.session) else {
+        let Some(index) = self.session_index(pending.session) else {
             // The session entry outlives its requests (see `reap`).
             return;
         };
         let entry = &mut self.sessions[index];
         entry.in_flight = entry.in_flight.saturating_sub(1);
         let completion = self.rnbd.complete(&mut entry.rnbd, pending.ticket, result);
-        self.answer(pending.interface, pending.token, completion.status, now);
+        self.answer(pending.token, completion.status, now);
         if let Some(close_tag) = completion.close_done {
             if let Some(at) = self.deferred.iter().position(|d| d.tag == close_tag) {
                 let deferred = self.deferred.swap_remove(at);
-                self.answer(deferred.interface, deferred.token, 0, now);
+                self.answer(deferred.token, 0, now);
             }
         }
         self.reap(index);
@@ -1115,24 +1100,41 @@ pub struct StatsReport<'e, 'm, K: KeySource, D: BlockDevice<Chunk>> {
 impl<K: KeySource, D: BlockDevice<Chunk>> fmt::Display for StatsReport<'_, '_, K, D> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let engine = self.engine;
-        writeln!(f, "brick statistics: {} IO answers", engine.answered)?;
-        for iface in &engine.interfaces {
-            let s = iface.server.stats();
-            let u = iface.server.usage();
-            writeln!(
-                f,
-                "interface {} {}: accepted {} rejected {} paths_closed {} sessions {} paths {} connections {}",
-                iface.name, iface.ip, s.accepted, s.rejected, s.paths_closed, u.sessions, u.paths, u.connections
-            )?;
+        let server = &engine.server;
+        let s = server.stats();
+        let u = server.usage();
+        writeln!(
+            f,
+            "brick statistics: {} IO answers; rtrs accepted {} rejected {} paths_closed {} sessions {} paths {} connections {}",
+            engine.answered, s.accepted, s.rejected, s.paths_closed, u.sessions, u.paths, u.connections
+        )?;
+        for (port, iface) in engine.interfaces.iter().enumerate() {
+            if let Some(hca) = server.port(port) {
+                let c = hca.counters();
+                writeln!(
+                    f,
+                    "interface {} {}: frames in {} out {} retransmissions {} timeouts {} naks sent {} dropped malformed {} checksum {} out-of-sequence {}",
+                    iface.name,
+                    iface.ip,
+                    c.frames_in,
+                    c.frames_out,
+                    c.retransmissions,
+                    c.timeouts,
+                    c.naks_sent,
+                    c.drop_malformed,
+                    c.drop_bad_checksum,
+                    c.drop_out_of_sequence
+                )?;
+            }
         }
         for entry in &engine.sessions {
-            let server = &engine.interfaces[entry.interface].server;
             let io = entry.rnbd.stats().io;
             write!(
                 f,
-                "session {:?} from {}: opens {} closes {} reads {} ({} B) writes {} ({} B) flushes {}",
+                "session {:?} from {}{}: opens {} closes {} reads {} ({} B) writes {} ({} B) flushes {}",
                 entry.name,
                 entry.source.unwrap_or(Ipv4Addr::UNSPECIFIED),
+                if entry.closed { " (closed, draining)" } else { "" },
                 entry.rnbd.stats().opens,
                 entry.rnbd.stats().closes,
                 io.reads,
@@ -1147,9 +1149,12 @@ impl<K: KeySource, D: BlockDevice<Chunk>> fmt::Display for StatsReport<'_, '_, K
             writeln!(f)?;
             for path in &entry.paths {
                 if let Some(p) = server.path_stats(*path) {
+                    let on = server
+                        .path_port(*path)
+                        .map_or("?", |port| engine.interface_name(port));
                     writeln!(
                         f,
-                        "  path {}: reads {} ({} B) writes {} ({} B) errors {} heartbeats {}/{}",
+                        "  path {} on {on}: reads {} ({} B) writes {} ({} B) errors {} heartbeats {}/{}",
                         path.index,
                         p.reads,
                         p.read_bytes,

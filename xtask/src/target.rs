@@ -145,12 +145,25 @@ fn brick_manifest(paths: usize) -> PathBuf {
 const DURABLE_MIB: u64 = 64;
 
 /// Writes the judge's manifest into `dir`: the examples/ manifest for
-/// `paths` paths plus a file-backed volume `durable` (a fresh file in
-/// `dir`) that every session may map read-write. Returns its path.
-fn judge_manifest(paths: usize, dir: &std::path::Path) -> Result<PathBuf> {
+/// `paths` paths, its interfaces at `mtu`, plus a file-backed volume
+/// `durable` (a fresh file in `dir`) that every session may map
+/// read-write. Returns its path.
+fn judge_manifest(paths: usize, mtu: u32, dir: &std::path::Path) -> Result<PathBuf> {
     let example = brick_manifest(paths);
-    let mut text =
+    let original =
         std::fs::read_to_string(&example).with_context(|| format!("read {}", example.display()))?;
+    let mut text = String::new();
+    for line in original.lines() {
+        if line.starts_with("mtu") {
+            continue;
+        }
+        text += line;
+        text += "\n";
+        // Interface addresses are the only `address = "a.b.c.d/n"` lines.
+        if line.starts_with("address") && line.contains('/') {
+            text += &format!("mtu = {mtu}\n");
+        }
+    }
     let image = dir.join("durable.img");
     let _ = std::fs::remove_file(&image);
     text += &format!(
@@ -230,7 +243,7 @@ impl Target {
             TargetKind::BrickHosted => {
                 let binary = build_brick_target()?;
                 let dir = crate::paths::scratch("brick-target");
-                let manifest_path = judge_manifest(relays.len(), &dir)?;
+                let manifest_path = judge_manifest(relays.len(), mtu, &dir)?;
                 let manifest =
                     manifest::compile_file(&manifest_path).map_err(|e| anyhow::anyhow!("{e}"))?;
                 if manifest.interfaces.len() != relays.len() {
@@ -296,7 +309,6 @@ impl Target {
                     command.push("--link".into());
                     command.push(format!("frame:connect:{}", relay.b.display()));
                 }
-                let _ = mtu; // the manifest sets the interface MTU
                 let log = dir.join("brick-target.log");
                 let mut target = Target {
                     descriptor,

@@ -147,7 +147,7 @@ fn run(args: Args) -> Result<(), String> {
         match spec.open().map_err(|e| format!("link {spec}: {e}"))? {
             Link::Frame(link) => {
                 eprintln!("brick-target: interface {iface} on link {spec}");
-                links.push(link);
+                links.push(link.with_mac(iface.mac.0).with_mtu(usize::from(iface.mtu)));
             }
             Link::Udp(_) => {
                 return Err(format!(
