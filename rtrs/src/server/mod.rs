@@ -207,6 +207,11 @@ pub struct ServerConfig {
     /// How long a closing path waits for its disconnects before destroying
     /// its connections anyway.
     pub close_timeout_ns: u64,
+    /// How long a new path may take from its first CON_REQ to a complete
+    /// INFO_REQ/INFO_RSP exchange; a half-open path is closed at this
+    /// deadline so it cannot hold a session slot and a chunk pool forever
+    /// (rnbd.md §8.1).
+    pub setup_timeout_ns: u64,
     /// Connection events handled per `poll`, in total over all ports.
     pub cm_budget: usize,
     /// Work completions handled per `poll`, in total over all ports.
@@ -232,6 +237,7 @@ impl ServerConfig {
             heartbeat_interval_ns: wire::HEARTBEAT_INTERVAL_MS as u64 * 1_000_000,
             heartbeat_missed_max: wire::HEARTBEAT_MISSED_MAX,
             close_timeout_ns: wire::CONNECT_TIMEOUT_MS as u64 * 1_000_000,
+            setup_timeout_ns: wire::CONNECT_TIMEOUT_MS as u64 * 1_000_000,
             cm_budget: 16,
             completion_budget: 64,
             event_capacity: 1024,
@@ -371,6 +377,9 @@ pub enum CloseReason {
     PostFailed,
     /// The server was asked to close it ([`Server::close_path`]).
     Local,
+    /// The path did not finish its setup (all connections and INFO_REQ)
+    /// within `setup_timeout_ns`.
+    SetupTimeout,
 }
 
 /// What the server tells its consumer (RNBD).
@@ -825,6 +834,7 @@ impl<V: Verbs> Server<V> {
             .iter()
             .filter_map(|path| match path.state {
                 PathState::Connected => Some(path.heartbeat_next),
+                PathState::Connecting => Some(path.setup_deadline),
                 PathState::Closing { deadline } => Some(deadline),
                 _ => None,
             })
@@ -1137,7 +1147,7 @@ impl<V: Verbs> Server<V> {
                     self.begin_close(index, CloseReason::Replaced, now);
                     self.sessions[usize::from(session)].stats.reconnects += 1;
                     self.maybe_free_path(index);
-                    self.create_path(port, session, &req, addresses)?
+                    self.create_path(port, session, &req, addresses, now)?
                 } else if path.state != PathState::Connecting {
                     return Err(ConnectRefusal::PathStillUp);
                 } else if path.port != port
@@ -1153,7 +1163,7 @@ impl<V: Verbs> Server<V> {
                 }
             }
             None => {
-                let result = self.create_path(port, session, &req, addresses);
+                let result = self.create_path(port, session, &req, addresses, now);
                 if result.is_err() {
                     self.maybe_free_session(session);
                 }
@@ -1204,6 +1214,7 @@ impl<V: Verbs> Server<V> {
         session: u16,
         req: &ConnReq,
         addresses: (SocketAddr, SocketAddr),
+        now: u64,
     ) -> Result<u16, ConnectRefusal> {
         let live = || {
             self.paths.iter().filter(|p| {
@@ -1229,7 +1240,12 @@ impl<V: Verbs> Server<V> {
             .position(|p| p.state == PathState::Free)
             .ok_or(ConnectRefusal::TooManyPaths)?;
         let path = &mut self.paths[index];
-        path.reset(port, session, req);
+        path.reset(
+            port,
+            session,
+            req,
+            now.saturating_add(self.config.setup_timeout_ns),
+        );
         path.addresses = Some(addresses);
         if let Err(refusal) = self.allocate_pool(index) {
             self.release_pool(index);
@@ -2053,6 +2069,11 @@ impl<V: Verbs> Server<V> {
                         busy = true;
                         self.heartbeat_tick(path, now);
                     }
+                }
+                PathState::Connecting if now >= self.paths[index].setup_deadline => {
+                    busy = true;
+                    self.begin_close(path, CloseReason::SetupTimeout, now);
+                    self.maybe_free_path(path);
                 }
                 PathState::Closing { deadline } => {
                     if now >= deadline {

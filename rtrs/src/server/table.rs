@@ -177,6 +177,8 @@ pub(super) struct PathSlot {
     pub rkey_rsp: Option<MemoryRegion>,
     pub heartbeat_missed: u32,
     pub heartbeat_next: u64,
+    /// While connecting: when the path is closed if its setup is not done.
+    pub setup_deadline: u64,
     /// An HB_ACK is owed and waits for send-queue room.
     pub ack_pending: bool,
     pub stats: Stats,
@@ -201,6 +203,7 @@ impl PathSlot {
             rkey_rsp: None,
             heartbeat_missed: 0,
             heartbeat_next: 0,
+            setup_deadline: 0,
             ack_pending: false,
             stats: Stats::default(),
         }
@@ -208,8 +211,10 @@ impl PathSlot {
 
     /// Takes the free slot for a new path of `session` on `port` (within
     /// capacity: `cid_num` was checked against the configured maximum).
-    pub fn reset(&mut self, port: usize, session: u16, req: &ConnReq) {
+    /// `setup_deadline`: when a path still connecting is closed.
+    pub fn reset(&mut self, port: usize, session: u16, req: &ConnReq, setup_deadline: u64) {
         self.state = PathState::Connecting;
+        self.setup_deadline = setup_deadline;
         self.port = port;
         self.session = session;
         self.uuid = req.path_uuid;
