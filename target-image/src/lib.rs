@@ -68,7 +68,7 @@ use alloc::collections::VecDeque;
 use alloc::string::String;
 use alloc::vec::Vec;
 use core::fmt;
-use core::net::{IpAddr, Ipv4Addr};
+use core::net::{IpAddr, Ipv4Addr, SocketAddr, SocketAddrV4};
 
 use hal::block::ram::RamDisk;
 use hal::block::{
@@ -82,7 +82,7 @@ use rnbd::server::{
     Request, VolumeId, VolumeInfo,
 };
 use rnbd::wire::RtrsDirection;
-use roce::hca::{Hca, HcaConfig};
+use roce::hca::{Hca, HcaConfig, LinkMode};
 use roce::types::Mtu;
 use rtrs::server::{
     Event, IoDirection, IoToken, PathId, ReadData, Server, ServerConfig, SessionId,
@@ -138,11 +138,25 @@ pub struct Chunk {
 /// A RAM volume: zeroed at boot, completes within the poll that submits.
 pub type RamVolume = RamDisk<Vec<u8>, Chunk, RAM_QUEUE>;
 
-/// Where the engine sends frames: interface index plus the HCA's
-/// scatter-gather frame (headers, payload pieces, trailer).
+/// Where the engine sends packets: interface index plus the HCA's
+/// scatter-gather packet (headers, payload pieces, trailer).
 pub trait Transmit {
-    /// Sends one frame on interface `interface`.
+    /// Sends one Ethernet frame on interface `interface`.
     fn transmit(&mut self, interface: usize, headers: &[u8], payload: &[&[u8]], trailer: &[u8]);
+
+    /// Sends one datagram to `to` on interface `interface`, a UDP
+    /// interface ([`LinkMode::Udp`]). A sink for an engine without UDP
+    /// interfaces never sees one; the default drops it.
+    fn transmit_datagram(
+        &mut self,
+        interface: usize,
+        to: SocketAddrV4,
+        header: &[u8],
+        payload: &[&[u8]],
+        trailer: &[u8],
+    ) {
+        let _ = (interface, to, header, payload, trailer);
+    }
 }
 
 impl<F: FnMut(usize, &[u8], &[&[u8]], &[u8])> Transmit for F {
@@ -441,7 +455,25 @@ impl<'m, K: KeySource> Engine<'m, K, RamVolume> {
 }
 
 impl<'m, K: KeySource, D: BlockDevice<Chunk>> Engine<'m, K, D> {
-    /// Builds the engine from a checked manifest: `open(config, volume)`
+    /// Builds the engine with every interface on Ethernet: see
+    /// [`with_links`](Self::with_links).
+    ///
+    /// # Errors
+    /// As [`with_links`](Self::with_links).
+    pub fn with_volumes(
+        manifest: Manifest<'m>,
+        keys: impl FnMut(usize) -> K,
+        open: impl FnMut(&ServerConfig, &manifest::binary::Volume<'_>) -> Result<D, BuildError>,
+    ) -> Result<Self, BuildError> {
+        Self::with_links(manifest, keys, &[], open)
+    }
+
+    /// Builds the engine from a checked manifest. `links[i]` says how
+    /// interface `i` reaches its peers (missing entries: Ethernet): on
+    /// [`LinkMode::Udp`] the HCA speaks RoCEv2 payloads over a host UDP
+    /// socket bound to the interface's manifest address
+    /// ([`receive_datagram`](Self::receive_datagram),
+    /// [`Transmit::transmit_datagram`]). `open(config, volume)`
     /// opens each volume's device (`config` is the RTRS configuration the
     /// manifest makes: queue depth and chunk size bound what devices see),
     /// one HCA per interface (path MTU from the interface MTU), the RTRS
@@ -452,9 +484,10 @@ impl<'m, K: KeySource, D: BlockDevice<Chunk>> Engine<'m, K, D> {
     /// # Errors
     /// [`BuildError`] for what the manifest asks and this engine cannot do,
     /// and whatever `open` returns.
-    pub fn with_volumes(
+    pub fn with_links(
         manifest: Manifest<'m>,
         mut keys: impl FnMut(usize) -> K,
+        links: &[LinkMode],
         mut open: impl FnMut(&ServerConfig, &manifest::binary::Volume<'_>) -> Result<D, BuildError>,
     ) -> Result<Self, BuildError> {
         if manifest.interface_count() == 0 {
@@ -481,13 +514,14 @@ impl<'m, K: KeySource, D: BlockDevice<Chunk>> Engine<'m, K, D> {
         let mut ports = Vec::with_capacity(manifest.interface_count());
         for (index, iface) in manifest.interfaces().enumerate() {
             let ip = iface.address.address;
-            let mut hca = Hca::new(
+            let mut hca = Hca::with_link(
                 alloc::vec![0u8; arena],
                 keys(index),
                 HcaConfig {
                     mac: iface.mac.0,
                     ip: ip.octets(),
                 },
+                links.get(index).copied().unwrap_or(LinkMode::Ethernet),
             );
             let mtu = Mtu::for_ethernet_mtu(usize::from(iface.mtu)).ok_or_else(|| {
                 BuildError::Interface(iface.name.into(), "MTU below 256 bytes of RoCE payload")
@@ -604,6 +638,20 @@ impl<'m, K: KeySource, D: BlockDevice<Chunk>> Engine<'m, K, D> {
         }
     }
 
+    /// Hands one datagram received from `from` on UDP interface
+    /// `interface` to its HCA.
+    pub fn receive_datagram(
+        &mut self,
+        interface: usize,
+        now: u64,
+        from: SocketAddr,
+        datagram: &[u8],
+    ) {
+        if let Some(hca) = self.server.port_mut(interface) {
+            hca.receive_datagram(now, from, datagram);
+        }
+    }
+
     /// Advances everything once: RTRS servers (bounded by their CM and
     /// completion budgets), every event they queued (bounded by the event
     /// queue capacity), volume completions (bounded per volume), then the
@@ -626,6 +674,15 @@ impl<'m, K: KeySource, D: BlockDevice<Chunk>> Engine<'m, K, D> {
             let Some(hca) = self.server.port_mut(index) else {
                 continue;
             };
+            if matches!(hca.link_mode(), LinkMode::Udp { .. }) {
+                busy |= hca.poll_datagrams(
+                    now,
+                    &mut |to: SocketAddrV4, header: &[u8], payload: &[&[u8]], trailer: &[u8]| {
+                        sink.transmit_datagram(index, to, header, payload, trailer)
+                    },
+                );
+                continue;
+            }
             busy |= hca.poll(
                 now,
                 &mut |headers: &[u8], payload: &[&[u8]], trailer: &[u8]| {

@@ -5,15 +5,16 @@
 //! ```
 //!
 //! Compiles the manifest (TOML), builds the engine from its checked binary
-//! form (the same no_std view the image boots from), opens one frame link
-//! per manifest interface, in order (`frame:connect:PATH`,
-//! `frame:listen:PATH`, `tcp:…`), and runs the poll loop: a bounded burst of
-//! frames in per link, `Engine::poll`, and when nothing happened a blocking
-//! `ppoll` on the link and volume descriptors until the engine's next
-//! deadline — it never spins while idle. Volumes are RAM, files and block
-//! devices (`target_image::hosted`). Logs what it serves and every refusal to stderr,
-//! one line each; prints statistics on SIGUSR1 and on exit; SIGINT/SIGTERM
-//! close every path and stop.
+//! form (the same no_std view the image boots from), opens one link per
+//! manifest interface, in order — Ethernet frames (`frame:connect:PATH`,
+//! `frame:listen:PATH`, `tcp:…`) or RoCEv2 over UDP (`udp:IP:PORT`, bound
+//! to the interface's address, for Brick initiators) — and runs the poll
+//! loop: a bounded burst of packets in per link, `Engine::poll`, and when
+//! nothing happened a blocking `ppoll` on the link and volume descriptors
+//! until the engine's next deadline — it never spins while idle. Volumes
+//! are RAM, files and block devices (`target_image::hosted`). Logs what it
+//! serves and every refusal to stderr, one line each; prints statistics on
+//! SIGUSR1 and on exit; SIGINT/SIGTERM close every path and stop.
 //!
 //! Unsafe: only the `signals` module (installing the handlers with
 //! `sigaction`).
@@ -27,10 +28,13 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use clap::Parser;
-use hal::hosted::{wait_ready, FrameLink, Link, LinkSpec, MonotonicClock, OsRng};
-use hal::{Clock, Nic, NicError, Rng};
+use std::net::{IpAddr, SocketAddr, SocketAddrV4};
+
+use hal::hosted::{wait_ready, FrameLink, Link, LinkSpec, MonotonicClock, OsRng, UdpNic};
+use hal::{Clock, DatagramNic, Nic, NicError, Rng};
 use manifest::binary::Manifest;
-use target_image::{hosted, Engine};
+use roce::hca::LinkMode;
+use target_image::{hosted, Engine, Transmit};
 use verbs::KeySource;
 
 /// Frames taken from each link per loop iteration.
@@ -48,7 +52,9 @@ struct Args {
     #[arg(long)]
     manifest: PathBuf,
     /// One link per manifest interface, in order: frame:connect:PATH,
-    /// frame:listen:PATH, tcp:listen:ADDR, tcp:connect:ADDR.
+    /// frame:listen:PATH, tcp:listen:ADDR, tcp:connect:ADDR (Ethernet
+    /// frames), or udp:IP:PORT (RoCEv2 over a UDP socket bound to the
+    /// interface's address; Brick initiators only).
     #[arg(long = "link", required = true)]
     links: Vec<LinkSpec>,
 }
@@ -113,22 +119,98 @@ mod signals {
     }
 }
 
-/// Sends one engine frame on `link`; transmit errors are drops (the
-/// transport and CM retransmit).
-fn transmit(link: &mut FrameLink, headers: &[u8], payload: &[&[u8]], trailer: &[u8]) {
-    let mut pieces: [&[u8]; 8] = [&[]; 8];
+/// One interface's link: Ethernet frames or RoCEv2 datagrams.
+enum HostedLink {
+    Frame(FrameLink),
+    Udp(UdpNic),
+}
+
+impl HostedLink {
+    fn raw_fd(&self) -> Option<RawFd> {
+        match self {
+            Self::Frame(link) => link.raw_fd(),
+            Self::Udp(nic) => Some(nic.raw_fd()),
+        }
+    }
+
+    fn has_pending_output(&self) -> bool {
+        matches!(self, Self::Frame(link) if link.has_pending_output())
+    }
+
+    fn flush(&mut self) {
+        if let Self::Frame(link) = self {
+            let _ = link.flush();
+        }
+    }
+
+    /// Hands up to one received packet to the engine; `Ok(false)` when
+    /// nothing was waiting.
+    fn receive(&mut self, engine_receive: &mut impl FnMut(Packet<'_>)) -> Result<bool, String> {
+        let result = match self {
+            Self::Frame(link) => link.receive(|frame| engine_receive(Packet::Frame(frame))),
+            Self::Udp(nic) => DatagramNic::receive(nic, |datagram, from| {
+                engine_receive(Packet::Datagram(from, datagram))
+            }),
+        };
+        match result {
+            Ok(Some(())) => Ok(true),
+            Ok(None) | Err(NicError::LinkDown) => Ok(false),
+            Err(error) => Err(format!("link receive: {error}")),
+        }
+    }
+}
+
+/// A received packet.
+enum Packet<'a> {
+    Frame(&'a [u8]),
+    Datagram(SocketAddr, &'a [u8]),
+}
+
+/// Gathers the engine's pieces (payload, then the trailer) without empty
+/// ones; `None` if there are more than a frame ever has.
+fn gather<'a>(payload: &[&'a [u8]], trailer: &'a [u8], out: &mut [&'a [u8]; 8]) -> Option<usize> {
     let mut count = 0;
     for piece in payload.iter().copied().chain([trailer]) {
         if piece.is_empty() {
             continue;
         }
-        if count == pieces.len() {
-            return;
-        }
-        pieces[count] = piece;
+        *out.get_mut(count)? = piece;
         count += 1;
     }
-    let _ = link.transmit(headers, &pieces[..count]);
+    Some(count)
+}
+
+/// The engine's packets onto the links; transmit errors are drops (the
+/// transport and CM retransmit).
+struct Sink<'a>(&'a mut [HostedLink]);
+
+impl Transmit for Sink<'_> {
+    fn transmit(&mut self, interface: usize, headers: &[u8], payload: &[&[u8]], trailer: &[u8]) {
+        let mut pieces: [&[u8]; 8] = [&[]; 8];
+        if let (Some(HostedLink::Frame(link)), Some(count)) = (
+            self.0.get_mut(interface),
+            gather(payload, trailer, &mut pieces),
+        ) {
+            let _ = link.transmit(headers, &pieces[..count]);
+        }
+    }
+
+    fn transmit_datagram(
+        &mut self,
+        interface: usize,
+        to: SocketAddrV4,
+        header: &[u8],
+        payload: &[&[u8]],
+        trailer: &[u8],
+    ) {
+        let mut pieces: [&[u8]; 8] = [&[]; 8];
+        if let (Some(HostedLink::Udp(nic)), Some(count)) = (
+            self.0.get_mut(interface),
+            gather(payload, trailer, &mut pieces),
+        ) {
+            let _ = DatagramNic::transmit(nic, SocketAddr::V4(to), header, &pieces[..count]);
+        }
+    }
 }
 
 fn run(args: Args) -> Result<(), String> {
@@ -143,21 +225,35 @@ fn run(args: Args) -> Result<(), String> {
         ));
     }
     let mut links = Vec::new();
+    let mut modes = Vec::new();
     for (spec, iface) in args.links.iter().zip(manifest.interfaces()) {
+        if let LinkSpec::Udp(addr) = spec {
+            if addr.ip() != IpAddr::V4(iface.address.address) {
+                return Err(format!(
+                    "link {spec}: interface {} has address {}; a UDP link must bind that address \
+                     (the HCA's address is the socket's)",
+                    iface.name, iface.address.address
+                ));
+            }
+        }
         match spec.open().map_err(|e| format!("link {spec}: {e}"))? {
             Link::Frame(link) => {
                 eprintln!("brick-target: interface {iface} on link {spec}");
-                links.push(link.with_mac(iface.mac.0).with_mtu(usize::from(iface.mtu)));
+                links.push(HostedLink::Frame(
+                    link.with_mac(iface.mac.0).with_mtu(usize::from(iface.mtu)),
+                ));
+                modes.push(LinkMode::Ethernet);
             }
-            Link::Udp(_) => {
-                return Err(format!(
-                    "link {spec}: UDP links are not served yet (the engine speaks Ethernet frames); use frame:…"
-                ))
+            Link::Udp(nic) => {
+                let port = nic.local_addr().port();
+                eprintln!("brick-target: interface {iface} on link {spec} (RoCEv2 over UDP port {port}, Brick peers only)");
+                links.push(HostedLink::Udp(nic.with_mtu(usize::from(iface.mtu))));
+                modes.push(LinkMode::Udp { port });
             }
         }
     }
     let target = manifest.target();
-    let mut engine = Engine::with_volumes(manifest, |_| OsKeys(OsRng), hosted::open_volume)
+    let mut engine = Engine::with_links(manifest, |_| OsKeys(OsRng), &modes, hosted::open_volume)
         .map_err(|e| e.to_string())?;
     engine.set_logger(|args| eprintln!("brick-target: {args}"));
     eprintln!(
@@ -184,11 +280,9 @@ fn run(args: Args) -> Result<(), String> {
         if let Some(deadline) = stop_deadline {
             if now >= deadline || engine.is_quiet() {
                 // Let the last frames out.
-                let _ = engine.poll(now, &mut |i: usize, h: &[u8], p: &[&[u8]], t: &[u8]| {
-                    transmit(&mut links[i], h, p, t)
-                });
+                let _ = engine.poll(now, &mut Sink(&mut links));
                 for link in &mut links {
-                    let _ = link.flush();
+                    link.flush();
                 }
                 break;
             }
@@ -196,19 +290,22 @@ fn run(args: Args) -> Result<(), String> {
         let mut busy = false;
         for (index, link) in links.iter_mut().enumerate() {
             for _ in 0..RX_BURST {
-                match link.receive(|frame| engine.receive(index, now, frame)) {
-                    Ok(Some(())) => busy = true,
-                    Ok(None) | Err(NicError::LinkDown) => break,
-                    Err(error) => return Err(format!("link receive: {error}")),
+                let received = link.receive(&mut |packet| match packet {
+                    Packet::Frame(frame) => engine.receive(index, now, frame),
+                    Packet::Datagram(from, datagram) => {
+                        engine.receive_datagram(index, now, from, datagram)
+                    }
+                })?;
+                if !received {
+                    break;
                 }
+                busy = true;
             }
         }
-        busy |= engine.poll(now, &mut |i: usize, h: &[u8], p: &[&[u8]], t: &[u8]| {
-            transmit(&mut links[i], h, p, t)
-        });
+        busy |= engine.poll(now, &mut Sink(&mut links));
         for link in &mut links {
             if link.has_pending_output() {
-                let _ = link.flush();
+                link.flush();
             }
         }
         if busy {
@@ -222,12 +319,12 @@ fn run(args: Args) -> Result<(), String> {
         if wake.is_some_and(|w| w <= now) {
             continue;
         }
-        let mut readable: Vec<RawFd> = links.iter().filter_map(FrameLink::raw_fd).collect();
+        let mut readable: Vec<RawFd> = links.iter().filter_map(HostedLink::raw_fd).collect();
         let link_fds = readable.len();
         let writable: Vec<RawFd> = links
             .iter()
             .filter(|l| l.has_pending_output())
-            .filter_map(FrameLink::raw_fd)
+            .filter_map(HostedLink::raw_fd)
             .collect();
         if link_fds < links.len() {
             // A link without a descriptor (a listener's peer gone): nap.
