@@ -29,6 +29,7 @@ use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::rc::Rc;
 
+use hal::block::BlockDevice;
 use manifest::binary::Manifest;
 use rnbd::client::{self as rnbd_client, Device};
 use rnbd::wire::{AccessMode, RtrsDirection};
@@ -37,7 +38,7 @@ use rtrs::client::{Client, ClientConfig, ClientIo, Direction, Event, PathError, 
 use rtrs::wire::{
     BufferDesc, ConnReq, ConnRsp, ConnRspFlags, Imm, ImmLayout, InfoReq, InfoRsp, RkeyRsp, Uuid,
 };
-use target_image::Engine;
+use target_image::{Chunk, Engine, RamVolume};
 use verbs::{
     AccessFlags, CmEvent, ConnId, ConnParams, KeySource, Memory, MemoryRegion, RecvWr,
     RejectReason, SendOp, SendWr, Sge, Sgl, Verbs, WorkCompletion, WrId,
@@ -366,10 +367,11 @@ impl Workload {
     }
 }
 
-/// Engine + nodes + clock.
-pub struct World<'m> {
+/// Engine + nodes + clock; the engine's volumes are `D` (RAM unless a
+/// test builds the engine itself, [`World::with_engine`]).
+pub struct World<'m, D: BlockDevice<Chunk> = RamVolume> {
     /// The engine under test.
-    pub engine: Engine<'m, Keys>,
+    pub engine: Engine<'m, Keys, D>,
     /// Fake time, nanoseconds.
     pub now: u64,
     /// Brick-client nodes.
@@ -399,10 +401,18 @@ fn frame_into(
 }
 
 impl<'m> World<'m> {
-    /// The engine from `manifest`, logging into [`World::log`] (and to
-    /// stderr with `BRICK_TEST_LOG` set).
+    /// The engine from `manifest` (RAM volumes), logging into
+    /// [`World::log`] (and to stderr with `BRICK_TEST_LOG` set).
     pub fn new(manifest: Manifest<'m>) -> Self {
-        let mut engine = Engine::new(manifest, |i| Keys(1000 + i as u64)).expect("engine");
+        let engine = Engine::new(manifest, |i| Keys(1000 + i as u64)).expect("engine");
+        Self::with_engine(engine)
+    }
+}
+
+impl<'m, D: BlockDevice<Chunk>> World<'m, D> {
+    /// A world around `engine` (its keys should be `Keys(1000 + i)`, as
+    /// [`World::new`] makes them), logging as [`World::new`] does.
+    pub fn with_engine(mut engine: Engine<'m, Keys, D>) -> Self {
         let log = Rc::new(RefCell::new(Vec::new()));
         let sink = Rc::clone(&log);
         let verbose = std::env::var_os("BRICK_TEST_LOG").is_some();
@@ -576,7 +586,7 @@ impl<'m> World<'m> {
 
     /// Steps until `done(world)`, at most [`MAX_STEPS`] times; panics with
     /// the engine statistics otherwise.
-    pub fn run_until(&mut self, what: &str, mut done: impl FnMut(&mut World<'m>) -> bool) {
+    pub fn run_until(&mut self, what: &str, mut done: impl FnMut(&mut World<'m, D>) -> bool) {
         for _ in 0..MAX_STEPS {
             if done(self) {
                 return;
