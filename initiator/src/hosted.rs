@@ -1,0 +1,1015 @@
+//! The initiator in a Linux process: HCA, link, run loop, blocking API.
+//!
+//! [`Session::connect`] opens the link named by a [`LinkSpec`], builds one
+//! software HCA ([`roce::hca::Hca`]) for it and an [`Initiator`] on top:
+//!
+//! * `frame:connect:PATH` / `frame:listen:PATH` (and `tcp:…`): QEMU
+//!   stream framing of Ethernet frames; the HCA runs in Ethernet mode with
+//!   the MAC and IPv4 address of the [`SessionSpec`] and does ARP itself.
+//! * `udp:IP:PORT`: a UDP socket; the HCA runs in
+//!   [`LinkMode::Udp`] with its address = the socket's IP and every peer
+//!   at the same `PORT` (Brick to Brick only: see `hal::hosted::udp`).
+//!   The target's UDP link must use the same port on its own IP.
+//!
+//! The loop ([`Session::run_for`], and inside every blocking call) takes a
+//! bounded burst of frames, polls the initiator, lets the HCA transmit,
+//! and, when nothing happened, blocks in [`wait_ready`] on the link's
+//! descriptor until the earliest deadline of the HCA and the initiator. It
+//! never spins while idle. Nothing runs between calls: a tool that sits
+//! idle longer than the target's heartbeat budget (~30 s) should call
+//! [`Session::run_for`] now and then, or its paths are dropped (and then
+//! transparently re-established).
+//!
+//! Two ways to do IO:
+//!
+//! * blocking, on a [`Volume`]: [`Volume::read`], [`Volume::write`],
+//!   [`Volume::flush`], [`Volume::discard`]; longer than one IO slot is
+//!   split into `max_transfer` pieces that run in parallel up to the queue
+//!   depth;
+//! * asynchronous, for benchmarks: `Volume::submit_*` with the caller's
+//!   tag (below [`BLOCKING_TAG_BASE`]), then [`Session::reap`].
+//!
+//! A [`Session`] and its [`Volume`]s share one single-threaded host
+//! (`Rc<RefCell<…>>`): use them from one thread.
+//!
+//! The HCA is several MiB (its queue pairs are inline); it is built on a
+//! short-lived thread with a large stack and handed over boxed
+//! ([`BoxedHca`]), so any thread may call [`Session::connect`].
+
+use std::cell::RefCell;
+use std::collections::VecDeque;
+use std::fmt;
+use std::io;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::os::fd::RawFd;
+use std::rc::Rc;
+use std::time::Duration;
+
+use hal::hosted::{wait_ready, Link, LinkSpec, MonotonicClock, OsRng};
+use hal::{Clock, DatagramNic, Nic, NicError, Rng};
+use roce::hca::{Hca, HcaConfig, LinkMode};
+use rtrs::client::PathError;
+use verbs::{
+    AccessError, AccessFlags, AllocError, CmEvent, ConnId, ConnParams,
+    ConnectError as VerbsConnectError, KeySource, Lkey, Memory, MemoryHandle, MemoryRegion,
+    PostError, RecvWr, RegError, Rkey, SendWr, Verbs, WorkCompletion,
+};
+
+use crate::engine::{Completion, Event, Initiator, VolumeId, VolumeInfo};
+use crate::error::{CloseError, ConnectError, InitError, IoError, OpenError, SubmitError};
+use crate::stats::{PathReport, SessionStats, VolumeStats};
+use crate::{AccessMode, InitiatorConfig};
+
+/// Frames (or datagrams) taken from the link per loop iteration.
+pub const RX_BURST: usize = 64;
+/// Tags at or above this are the blocking calls' own; asynchronous callers
+/// use smaller ones.
+pub const BLOCKING_TAG_BASE: u64 = 1 << 62;
+
+/// The hosted HCA: 64 memory regions, 32 queue pairs (paths ×
+/// connections), 4096 completion-queue entries.
+pub type HostHca = Hca<Vec<u8>, OsKeys, 64, 32, 4096>;
+
+/// The OS random source as the HCA's key source.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct OsKeys;
+
+impl KeySource for OsKeys {
+    fn next_u32(&mut self) -> u32 {
+        OsRng.next_u32()
+    }
+}
+
+/// A heap-allocated HCA as a verbs provider (every call forwarded), so the
+/// initiator that owns it stays small.
+pub struct BoxedHca(pub Box<HostHca>);
+
+impl Memory for BoxedHca {
+    fn with_slice<R>(
+        &self,
+        handle: MemoryHandle,
+        offset: u32,
+        len: u32,
+        f: impl FnOnce(&[u8]) -> R,
+    ) -> Result<R, AccessError> {
+        self.0.with_slice(handle, offset, len, f)
+    }
+
+    fn with_slice_mut<R>(
+        &mut self,
+        handle: MemoryHandle,
+        offset: u32,
+        len: u32,
+        f: impl FnOnce(&mut [u8]) -> R,
+    ) -> Result<R, AccessError> {
+        self.0.with_slice_mut(handle, offset, len, f)
+    }
+}
+
+impl Verbs for BoxedHca {
+    fn alloc(&mut self, len: u32, align: u32) -> Result<MemoryHandle, AllocError> {
+        self.0.alloc(len, align)
+    }
+    fn free(&mut self, buffer: MemoryHandle) -> Result<(), RegError> {
+        self.0.free(buffer)
+    }
+    fn reg_mr(
+        &mut self,
+        buffer: MemoryHandle,
+        access: AccessFlags,
+    ) -> Result<MemoryRegion, RegError> {
+        self.0.reg_mr(buffer, access)
+    }
+    fn rekey(&mut self, lkey: Lkey) -> Result<Rkey, RegError> {
+        self.0.rekey(lkey)
+    }
+    fn dereg_mr(&mut self, lkey: Lkey) -> Result<(), RegError> {
+        self.0.dereg_mr(lkey)
+    }
+    fn post_send(&mut self, conn: ConnId, requests: &[SendWr]) -> Result<(), PostError> {
+        self.0.post_send(conn, requests)
+    }
+    fn post_recv(&mut self, conn: ConnId, requests: &[RecvWr]) -> Result<(), PostError> {
+        self.0.post_recv(conn, requests)
+    }
+    fn poll_cq(&mut self, out: &mut [WorkCompletion]) -> usize {
+        self.0.poll_cq(out)
+    }
+    fn listen(&mut self, port: u16) -> Result<(), VerbsConnectError> {
+        self.0.listen(port)
+    }
+    fn connect(
+        &mut self,
+        remote: SocketAddr,
+        params: &ConnParams<'_>,
+    ) -> Result<ConnId, VerbsConnectError> {
+        self.0.connect(remote, params)
+    }
+    fn accept(&mut self, conn: ConnId, params: &ConnParams<'_>) -> Result<(), VerbsConnectError> {
+        self.0.accept(conn, params)
+    }
+    fn reject(&mut self, conn: ConnId, private_data: &[u8]) -> Result<(), VerbsConnectError> {
+        self.0.reject(conn, private_data)
+    }
+    fn disconnect(&mut self, conn: ConnId) -> Result<(), VerbsConnectError> {
+        self.0.disconnect(conn)
+    }
+    fn destroy(&mut self, conn: ConnId) -> Result<(), VerbsConnectError> {
+        self.0.destroy(conn)
+    }
+    fn poll_cm_event(&mut self) -> Option<CmEvent> {
+        self.0.poll_cm_event()
+    }
+}
+
+/// Everything [`Session::connect`] needs.
+#[derive(Clone, Debug)]
+pub struct SessionSpec {
+    /// RTRS session name (the target's access rules match it).
+    pub name: String,
+    /// The link to open.
+    pub link: LinkSpec,
+    /// The target's RTRS addresses, one per path (e.g. `10.0.0.1:1234`).
+    pub paths: Vec<SocketAddr>,
+    /// Our MAC (frame links; in UDP mode it only names the HCA).
+    pub local_mac: [u8; 6],
+    /// Our IPv4 address on a frame link (UDP links use the socket's).
+    pub local_ip: Ipv4Addr,
+    /// The initiator's configuration.
+    pub config: InitiatorConfig,
+    /// How long [`Session::connect`] waits for the session.
+    pub connect_timeout: Duration,
+    /// How long a blocking call waits for its IO or answer.
+    pub io_timeout: Duration,
+}
+
+impl SessionSpec {
+    /// A spec with defaults: MAC `52:54:00:b1:c0:01`, IP 10.0.0.2 (frame
+    /// links only), [`InitiatorConfig::new`] with OS-random uuids, 10 s to
+    /// connect, 60 s per blocking IO (longer than the 30 s hold timeout).
+    pub fn new(name: &str, link: LinkSpec, paths: Vec<SocketAddr>) -> Self {
+        let mut seed = [0u8; 16];
+        OsRng.fill_bytes(&mut seed);
+        Self {
+            name: name.to_owned(),
+            link,
+            paths,
+            local_mac: [0x52, 0x54, 0x00, 0xb1, 0xc0, 0x01],
+            local_ip: Ipv4Addr::new(10, 0, 0, 2),
+            config: InitiatorConfig::new(seed),
+            connect_timeout: Duration::from_secs(10),
+            io_timeout: Duration::from_secs(60),
+        }
+    }
+}
+
+/// Errors of the hosted layer.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Error {
+    /// Opening the link failed.
+    Link {
+        /// The link.
+        spec: String,
+        /// The OS error.
+        error: io::Error,
+    },
+    /// A UDP link bound a non-IPv4 address.
+    NotIpv4 {
+        /// The address found.
+        found: SocketAddr,
+    },
+    /// The link failed while running.
+    LinkFailed(NicError),
+    /// Building the initiator failed.
+    Init(InitError),
+    /// The session could not be started.
+    Connect(ConnectError),
+    /// The session did not come up in time.
+    ConnectTimeout {
+        /// How long it waited.
+        waited: Duration,
+        /// Why the last connect attempt failed, if one did.
+        last: Option<PathError>,
+    },
+    /// Opening a volume failed.
+    Open(OpenError),
+    /// Closing a volume failed.
+    Close(CloseError),
+    /// An IO was refused at submission.
+    Submit(SubmitError),
+    /// An IO failed.
+    Io(IoError),
+    /// A blocking call's answer did not come in time.
+    Timeout {
+        /// What was waited for.
+        what: &'static str,
+        /// How long.
+        waited: Duration,
+    },
+    /// An asynchronous tag at or above [`BLOCKING_TAG_BASE`].
+    BadTag {
+        /// The largest tag allowed.
+        max: u64,
+        /// The tag given.
+        found: u64,
+    },
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Link { spec, error } => write!(f, "link {spec}: {error}"),
+            Self::NotIpv4 { found } => {
+                write!(f, "UDP link bound {found}; expected an IPv4 address")
+            }
+            Self::LinkFailed(error) => write!(f, "link failed: {error}"),
+            Self::Init(error) => write!(f, "initiator: {error}"),
+            Self::Connect(error) => write!(f, "connect: {error}"),
+            Self::ConnectTimeout { waited, last } => match last {
+                Some(reason) => write!(
+                    f,
+                    "session not up after {} ms; last attempt: {reason:?}",
+                    waited.as_millis()
+                ),
+                None => write!(f, "session not up after {} ms", waited.as_millis()),
+            },
+            Self::Open(error) => write!(f, "open: {error}"),
+            Self::Close(error) => write!(f, "close: {error}"),
+            Self::Submit(error) => write!(f, "submit: {error}"),
+            Self::Io(error) => write!(f, "IO: {error}"),
+            Self::Timeout { what, waited } => {
+                write!(f, "no {what} after {} ms", waited.as_millis())
+            }
+            Self::BadTag { max, found } => {
+                write!(f, "tag {found:#x}; expected at most {max:#x}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for Error {}
+
+impl From<SubmitError> for Error {
+    fn from(error: SubmitError) -> Self {
+        Error::Submit(error)
+    }
+}
+
+impl From<IoError> for Error {
+    fn from(error: IoError) -> Self {
+        Error::Io(error)
+    }
+}
+
+/// Sends one HCA frame on a frame link; errors are drops (the transport
+/// and the CM retransmit).
+fn transmit_frame(
+    link: &mut hal::hosted::FrameLink,
+    headers: &[u8],
+    payload: &[&[u8]],
+    trailer: &[u8],
+) {
+    let mut pieces: [&[u8]; 8] = [&[]; 8];
+    let mut count = 0;
+    for piece in payload.iter().copied().chain([trailer]) {
+        if piece.is_empty() {
+            continue;
+        }
+        let Some(slot) = pieces.get_mut(count) else {
+            return;
+        };
+        *slot = piece;
+        count += 1;
+    }
+    let _ = link.transmit(headers, &pieces[..count]);
+}
+
+/// Sends one HCA datagram; errors are drops.
+fn transmit_datagram(
+    nic: &mut hal::hosted::UdpNic,
+    to: SocketAddrV4,
+    header: &[u8],
+    payload: &[&[u8]],
+    trailer: &[u8],
+) {
+    let mut pieces: [&[u8]; 8] = [&[]; 8];
+    let mut count = 0;
+    for piece in payload.iter().copied().chain([trailer]) {
+        if piece.is_empty() {
+            continue;
+        }
+        let Some(slot) = pieces.get_mut(count) else {
+            return;
+        };
+        *slot = piece;
+        count += 1;
+    }
+    let _ = DatagramNic::transmit(nic, SocketAddr::V4(to), header, &pieces[..count]);
+}
+
+/// The single-threaded host: initiator + link + clock.
+struct Host {
+    init: Initiator<BoxedHca>,
+    link: Link,
+    clock: MonotonicClock,
+    events: Vec<Event>,
+    /// Completions a blocking call reaped that were not its own.
+    stash: VecDeque<(Completion, Vec<u8>)>,
+    next_tag: u64,
+    io_timeout: Duration,
+}
+
+impl Host {
+    /// One loop iteration without blocking; returns whether anything
+    /// happened.
+    fn pump(&mut self) -> Result<bool, Error> {
+        let now = self.clock.now();
+        let mut busy = false;
+        let hca = &mut self.init.verbs_mut().0;
+        for _ in 0..RX_BURST {
+            let received = match &mut self.link {
+                Link::Frame(link) => link.receive(|frame| hca.receive(now, frame)),
+                Link::Udp(nic) => {
+                    nic.receive(|datagram, from| hca.receive_datagram(now, from, datagram))
+                }
+            };
+            match received {
+                Ok(Some(())) => busy = true,
+                Ok(None) | Err(NicError::LinkDown) => break,
+                Err(error) => return Err(Error::LinkFailed(error)),
+            }
+        }
+        busy |= self.init.poll(now);
+        let hca = &mut self.init.verbs_mut().0;
+        busy |= match &mut self.link {
+            Link::Frame(link) => {
+                let sent = hca.poll(now, &mut |h: &[u8], p: &[&[u8]], t: &[u8]| {
+                    transmit_frame(link, h, p, t)
+                });
+                if link.has_pending_output() {
+                    let _ = link.flush();
+                }
+                sent
+            }
+            Link::Udp(nic) => hca.poll_datagrams(
+                now,
+                &mut |to: SocketAddrV4, h: &[u8], p: &[&[u8]], t: &[u8]| {
+                    transmit_datagram(nic, to, h, p, t)
+                },
+            ),
+        };
+        while let Some(event) = self.init.next_event() {
+            busy = true;
+            self.events.push(event);
+        }
+        Ok(busy)
+    }
+
+    /// Blocks until the link has input, or the next deadline (at most
+    /// `limit`).
+    fn idle(&mut self, limit: u64) {
+        let now = self.clock.now();
+        let hca_at = self.init.verbs().0.poll_at(now);
+        let wake = [self.init.poll_at(), hca_at, Some(limit)]
+            .into_iter()
+            .flatten()
+            .min()
+            .unwrap_or(limit);
+        if wake <= now {
+            return;
+        }
+        let (readable, writable): (Option<RawFd>, Option<RawFd>) = match &self.link {
+            Link::Frame(link) => (
+                link.raw_fd(),
+                link.raw_fd().filter(|_| link.has_pending_output()),
+            ),
+            Link::Udp(nic) => (Some(nic.raw_fd()), None),
+        };
+        match readable {
+            Some(fd) => {
+                let writable: Vec<RawFd> = writable.into_iter().collect();
+                let _ = wait_ready(&[fd], &writable, Some(wake));
+            }
+            // A listening link whose peer is not there: nap briefly.
+            None => std::thread::sleep(Duration::from_nanos((wake - now).min(10_000_000))),
+        }
+    }
+
+    /// Runs the loop until `done` gives a value or `timeout` passes.
+    fn run_until<T>(
+        &mut self,
+        timeout: Duration,
+        mut done: impl FnMut(&mut Host) -> Option<T>,
+    ) -> Result<Option<T>, Error> {
+        let deadline = self
+            .clock
+            .now()
+            .saturating_add(u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX));
+        loop {
+            let busy = self.pump()?;
+            if let Some(value) = done(self) {
+                return Ok(Some(value));
+            }
+            if self.clock.now() >= deadline {
+                return Ok(None);
+            }
+            if !busy {
+                self.idle(deadline);
+            }
+        }
+    }
+
+    fn take_event(&mut self, pick: impl Fn(&Event) -> bool) -> Option<Event> {
+        let at = self.events.iter().position(pick)?;
+        Some(self.events.remove(at))
+    }
+
+    fn tag(&mut self) -> u64 {
+        self.next_tag += 1;
+        self.next_tag
+    }
+
+    /// Reaps everything completed: own tags (in `mine`) handed to `own`,
+    /// others stashed.
+    fn reap_into(&mut self, mine: &mut dyn FnMut(&Completion, &[u8]) -> bool) {
+        loop {
+            let stash = &mut self.stash;
+            let reaped = self.init.next_completion(|completion, data| {
+                if !mine(completion, data) {
+                    stash.push_back((*completion, data.to_vec()));
+                }
+            });
+            if reaped.is_none() {
+                return;
+            }
+        }
+    }
+}
+
+/// A connected session (see the module docs).
+pub struct Session {
+    host: Rc<RefCell<Host>>,
+}
+
+impl Session {
+    /// Opens the link, builds the HCA and the initiator, starts the session
+    /// and waits until it is usable (SESS_INFO answered).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Link`], [`Error::NotIpv4`], [`Error::Init`],
+    /// [`Error::Connect`], [`Error::ConnectTimeout`] (naming the last
+    /// connect failure), [`Error::LinkFailed`].
+    pub fn connect(spec: &SessionSpec) -> Result<Session, Error> {
+        let link = spec.link.open().map_err(|error| Error::Link {
+            spec: spec.link.to_string(),
+            error,
+        })?;
+        let (link, ip, mode) = match link {
+            Link::Frame(frame) => (
+                Link::Frame(frame.with_mac(spec.local_mac)),
+                spec.local_ip,
+                LinkMode::Ethernet,
+            ),
+            Link::Udp(nic) => {
+                let local = nic.local_addr();
+                let IpAddr::V4(ip) = local.ip() else {
+                    return Err(Error::NotIpv4 { found: local });
+                };
+                (Link::Udp(nic), ip, LinkMode::Udp { port: local.port() })
+            }
+        };
+        let config = spec.config;
+        let arena = usize::try_from(config.pool_bytes())
+            .unwrap_or(usize::MAX)
+            .saturating_add(rtrs_bytes(&config));
+        let hca_config = HcaConfig {
+            mac: spec.local_mac,
+            ip: ip.octets(),
+        };
+        let hca = build_hca(arena, hca_config, mode);
+        let mut init = Initiator::new(hca, config).map_err(Error::Init)?;
+        let clock = MonotonicClock::new();
+        init.connect(&spec.name, &spec.paths, clock.now())
+            .map_err(Error::Connect)?;
+        let mut host = Host {
+            init,
+            link,
+            clock,
+            events: Vec::new(),
+            stash: VecDeque::new(),
+            next_tag: BLOCKING_TAG_BASE,
+            io_timeout: spec.io_timeout,
+        };
+        let up = host.run_until(spec.connect_timeout, |h| {
+            h.take_event(|e| matches!(e, Event::SessionUp { .. }))
+        })?;
+        if up.is_none() {
+            let last = host.events.iter().rev().find_map(|e| match e {
+                Event::PathConnectFailed { reason, .. } | Event::PathDown { reason, .. } => {
+                    Some(*reason)
+                }
+                _ => None,
+            });
+            return Err(Error::ConnectTimeout {
+                waited: spec.connect_timeout,
+                last,
+            });
+        }
+        Ok(Session {
+            host: Rc::new(RefCell::new(host)),
+        })
+    }
+
+    /// Opens `device_path` as `mode` and waits for the answer.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Open`] (the target's refusal is
+    /// [`OpenError::Remote`]), [`Error::Timeout`].
+    pub fn open(&self, device_path: &str, mode: AccessMode) -> Result<Volume, Error> {
+        let mut host = self.host.borrow_mut();
+        let id = host.init.open(device_path, mode).map_err(Error::Open)?;
+        let timeout = host.io_timeout;
+        let answer = host.run_until(timeout, |h| {
+            h.take_event(|e| matches!(e, Event::Opened { volume, .. } if *volume == id))
+        })?;
+        match answer {
+            Some(Event::Opened {
+                result: Ok(info), ..
+            }) => Ok(Volume {
+                host: Rc::clone(&self.host),
+                id,
+                info,
+            }),
+            Some(Event::Opened {
+                result: Err(error), ..
+            }) => Err(Error::Open(error)),
+            _ => Err(Error::Timeout {
+                what: "OPEN answer",
+                waited: timeout,
+            }),
+        }
+    }
+
+    /// Runs the loop for `duration` (heartbeats, reconnects, async IO).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::LinkFailed`].
+    pub fn run_for(&self, duration: Duration) -> Result<(), Error> {
+        self.host.borrow_mut().run_until(duration, |_| None::<()>)?;
+        Ok(())
+    }
+
+    /// Control events not consumed by the blocking calls, oldest first
+    /// (taken).
+    pub fn take_events(&self) -> Vec<Event> {
+        std::mem::take(&mut self.host.borrow_mut().events)
+    }
+
+    /// Waits (at most `timeout`) until at least one IO submitted with a
+    /// `Volume::submit_*` call has completed, then reaps up to `max`
+    /// completions, calling `f` with each (and a read's data). Returns how
+    /// many were reaped (0 after the timeout).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::LinkFailed`].
+    pub fn reap(
+        &self,
+        max: usize,
+        timeout: Duration,
+        mut f: impl FnMut(&Completion, &[u8]),
+    ) -> Result<usize, Error> {
+        let mut host = self.host.borrow_mut();
+        host.run_until(timeout, |h| {
+            (!h.stash.is_empty() || h.init.completions_ready() > 0).then_some(())
+        })?;
+        let mut count = 0;
+        while count < max {
+            if let Some((completion, data)) = host.stash.pop_front() {
+                f(&completion, &data);
+                count += 1;
+                continue;
+            }
+            if host.init.next_completion(&mut f).is_none() {
+                break;
+            }
+            count += 1;
+        }
+        Ok(count)
+    }
+
+    /// IOs submitted and not yet reaped.
+    pub fn in_flight(&self) -> usize {
+        let host = self.host.borrow();
+        host.init.in_flight() + host.stash.len()
+    }
+
+    /// Session counters.
+    pub fn stats(&self) -> SessionStats {
+        self.host.borrow().init.session_stats()
+    }
+
+    /// State and counters of path `path`.
+    pub fn path_report(&self, path: u16) -> Option<PathReport> {
+        self.host.borrow().init.path_report(path)
+    }
+
+    /// The HCA's frame, drop and retransmission counters.
+    pub fn hca_counters(&self) -> roce::qp::Counters {
+        *self.host.borrow().init.verbs().0.counters()
+    }
+
+    /// Whether the session is usable now.
+    pub fn is_ready(&self) -> bool {
+        self.host.borrow().init.is_ready()
+    }
+
+    /// Closes the session (every path, for good) and lets the
+    /// disconnects go out (at most one second).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::LinkFailed`].
+    pub fn close(self) -> Result<(), Error> {
+        let mut host = self.host.borrow_mut();
+        let now = host.clock.now();
+        host.init.close_session(now);
+        let paths = host.init.config().rtrs.max_paths;
+        host.run_until(Duration::from_secs(1), |h| {
+            (0..paths)
+                .all(|p| {
+                    h.init
+                        .path_report(p)
+                        .is_none_or(|r| r.status == rtrs::client::PathStatus::Closed)
+                })
+                .then_some(())
+        })?;
+        Ok(())
+    }
+}
+
+/// Registered memory the RTRS client allocates (header buffers and path
+/// control buffers), with room to spare.
+fn rtrs_bytes(config: &InitiatorConfig) -> usize {
+    let rtrs = &config.rtrs;
+    let qd = usize::from(rtrs.max_queue_depth);
+    let headers = qd * ((rtrs.max_header_len as usize + 64 + 63) & !63);
+    let recv = 2 * qd + 8;
+    let control = 512 + 8 + 16 * qd + usize::from(rtrs.max_connections_per_path) * recv * 8;
+    headers + usize::from(rtrs.max_paths) * (control + 4096) + (1 << 20)
+}
+
+/// Builds the (large) HCA on a thread with a big stack and returns it
+/// boxed, so the caller's stack never holds it.
+fn build_hca(arena: usize, config: HcaConfig, mode: LinkMode) -> BoxedHca {
+    match std::thread::Builder::new()
+        .stack_size(64 << 20)
+        .spawn(move || build_hca_here(arena, config, mode))
+        .map(|handle| handle.join())
+    {
+        Ok(Ok(hca)) => hca,
+        // No thread could be made (or it died): build it here.
+        _ => build_hca_here(arena, config, mode),
+    }
+}
+
+/// The HCA built on this thread's stack (in debug builds the value passes
+/// through the stack before it is boxed: several MiB).
+#[inline(never)]
+fn build_hca_here(arena: usize, config: HcaConfig, mode: LinkMode) -> BoxedHca {
+    BoxedHca(Box::new(Hca::with_link(
+        vec![0u8; arena],
+        OsKeys,
+        config,
+        mode,
+    )))
+}
+
+/// An open volume of a [`Session`].
+pub struct Volume {
+    host: Rc<RefCell<Host>>,
+    id: VolumeId,
+    info: VolumeInfo,
+}
+
+/// One blocking operation, split into slot-sized parts.
+#[derive(Clone, Copy)]
+enum Blocking<'a> {
+    Read,
+    Write(&'a [u8], bool),
+    Discard,
+    Flush,
+}
+
+impl Volume {
+    /// The volume's id in the initiator.
+    pub fn id(&self) -> VolumeId {
+        self.id
+    }
+
+    /// The geometry now (device id and size may change on a re-open).
+    pub fn info(&self) -> VolumeInfo {
+        self.host
+            .borrow()
+            .init
+            .volume_info(self.id)
+            .unwrap_or(self.info)
+    }
+
+    /// Size in bytes.
+    pub fn size(&self) -> u64 {
+        self.info().size
+    }
+
+    /// The logical block size: offsets and lengths are multiples of it.
+    pub fn block_size(&self) -> u32 {
+        self.info().logical_block_size
+    }
+
+    /// The volume's counters.
+    pub fn stats(&self) -> Option<VolumeStats> {
+        self.host.borrow().init.volume_stats(self.id)
+    }
+
+    /// Reads `buf.len()` bytes at `offset`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Submit`] (range, alignment, state), [`Error::Io`],
+    /// [`Error::Timeout`].
+    pub fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), Error> {
+        let len = buf.len() as u64;
+        self.blocking(offset, len, Blocking::Read, Some(buf))
+    }
+
+    /// Writes `data` at `offset`, durable before returning if `fua`.
+    ///
+    /// # Errors
+    ///
+    /// As [`Volume::read`].
+    pub fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), Error> {
+        self.blocking(offset, data.len() as u64, Blocking::Write(data, fua), None)
+    }
+
+    /// Flushes the volume's write cache (a no-op without one).
+    ///
+    /// # Errors
+    ///
+    /// As [`Volume::read`].
+    pub fn flush(&self) -> Result<(), Error> {
+        self.blocking(0, 0, Blocking::Flush, None)
+    }
+
+    /// Discards `len` bytes at `offset`.
+    ///
+    /// # Errors
+    ///
+    /// As [`Volume::read`].
+    pub fn discard(&self, offset: u64, len: u64) -> Result<(), Error> {
+        self.blocking(offset, len, Blocking::Discard, None)
+    }
+
+    fn blocking(
+        &self,
+        offset: u64,
+        len: u64,
+        op: Blocking<'_>,
+        mut read_into: Option<&mut [u8]>,
+    ) -> Result<(), Error> {
+        let mut host = self.host.borrow_mut();
+        let part = match op {
+            Blocking::Discard => (u64::from(u32::MAX) / 2) & !4095,
+            _ => u64::from(host.init.config().max_transfer),
+        };
+        let parts = if matches!(op, Blocking::Flush) {
+            1
+        } else {
+            len.div_ceil(part).max(1)
+        };
+        let timeout = host.io_timeout;
+        let first_tag = host.next_tag + 1;
+        let mut next_part = 0u64;
+        let mut done = 0u64;
+        let mut failure: Option<Error> = None;
+        let deadline = host
+            .clock
+            .now()
+            .saturating_add(u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX));
+        while done < next_part || (next_part < parts && failure.is_none()) {
+            // Submit what fits.
+            while next_part < parts && failure.is_none() && host.init.free_slots() > 0 {
+                let at = next_part * part;
+                let this = (len - at).min(part);
+                let tag = host.tag();
+                debug_assert_eq!(tag, first_tag + next_part);
+                let now = host.clock.now();
+                let result = match op {
+                    Blocking::Read => {
+                        host.init
+                            .submit_read(now, tag, self.id, offset + at, this as u32)
+                    }
+                    Blocking::Write(data, fua) => host.init.submit_write(
+                        now,
+                        tag,
+                        self.id,
+                        offset + at,
+                        &data[at as usize..(at + this) as usize],
+                        fua,
+                    ),
+                    Blocking::Discard => {
+                        host.init
+                            .submit_discard(now, tag, self.id, offset + at, this as u32)
+                    }
+                    Blocking::Flush => host.init.submit_flush(now, tag, self.id),
+                };
+                match result {
+                    Ok(()) => next_part += 1,
+                    Err(error) => {
+                        // Keep the tag sequence dense for the parts sent.
+                        host.next_tag -= 1;
+                        failure = Some(Error::Submit(error));
+                    }
+                }
+            }
+            if done >= next_part {
+                break;
+            }
+            // Reap ours.
+            let range = first_tag..first_tag + next_part;
+            let mut own = |completion: &Completion, data: &[u8]| {
+                if !range.contains(&completion.tag) {
+                    return false;
+                }
+                done += 1;
+                match completion.result {
+                    Err(error) => {
+                        failure.get_or_insert(Error::Io(error));
+                    }
+                    Ok(()) => {
+                        if let Some(buf) = read_into.as_deref_mut() {
+                            let at = ((completion.tag - first_tag) * part) as usize;
+                            if let Some(dst) = buf.get_mut(at..at + data.len()) {
+                                dst.copy_from_slice(data);
+                            }
+                        }
+                    }
+                }
+                true
+            };
+            // Stashed ones first (a previous call may have reaped ours? no:
+            // tags are unique), then new completions.
+            host.reap_into(&mut own);
+            if done >= next_part && (next_part >= parts || failure.is_some()) {
+                break;
+            }
+            if host.clock.now() >= deadline {
+                failure.get_or_insert(Error::Timeout {
+                    what: "IO completion",
+                    waited: timeout,
+                });
+                // The parts in flight complete later into the stash.
+                break;
+            }
+            let busy = host.pump()?;
+            if !busy && host.init.completions_ready() == 0 {
+                host.idle(deadline);
+            }
+        }
+        match failure {
+            Some(error) => Err(error),
+            None => Ok(()),
+        }
+    }
+
+    /// Submits a read (asynchronous; reap with [`Session::reap`]). `tag`
+    /// must be below [`BLOCKING_TAG_BASE`].
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Submit`]; [`Error::BadTag`] for a tag out of range.
+    pub fn submit_read(&self, tag: u64, offset: u64, len: u32) -> Result<(), Error> {
+        check_tag(tag)?;
+        let mut host = self.host.borrow_mut();
+        let now = host.clock.now();
+        host.init.submit_read(now, tag, self.id, offset, len)?;
+        Ok(())
+    }
+
+    /// Submits a write (asynchronous). `tag` must be below
+    /// [`BLOCKING_TAG_BASE`].
+    ///
+    /// # Errors
+    ///
+    /// As [`Volume::submit_read`].
+    pub fn submit_write(&self, tag: u64, offset: u64, data: &[u8], fua: bool) -> Result<(), Error> {
+        check_tag(tag)?;
+        let mut host = self.host.borrow_mut();
+        let now = host.clock.now();
+        host.init
+            .submit_write(now, tag, self.id, offset, data, fua)?;
+        Ok(())
+    }
+
+    /// Submits a flush (asynchronous).
+    ///
+    /// # Errors
+    ///
+    /// As [`Volume::submit_read`].
+    pub fn submit_flush(&self, tag: u64) -> Result<(), Error> {
+        check_tag(tag)?;
+        let mut host = self.host.borrow_mut();
+        let now = host.clock.now();
+        host.init.submit_flush(now, tag, self.id)?;
+        Ok(())
+    }
+
+    /// Submits a discard (asynchronous).
+    ///
+    /// # Errors
+    ///
+    /// As [`Volume::submit_read`].
+    pub fn submit_discard(&self, tag: u64, offset: u64, len: u32) -> Result<(), Error> {
+        check_tag(tag)?;
+        let mut host = self.host.borrow_mut();
+        let now = host.clock.now();
+        host.init.submit_discard(now, tag, self.id, offset, len)?;
+        Ok(())
+    }
+
+    /// Closes the volume (CLOSE, waiting for the answer).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Close`] (IO still in flight: reap it first),
+    /// [`Error::Io`] for the target's answer, [`Error::Timeout`].
+    pub fn close(self) -> Result<(), Error> {
+        let mut host = self.host.borrow_mut();
+        host.init.close(self.id).map_err(Error::Close)?;
+        let id = self.id;
+        let timeout = host.io_timeout;
+        let answer = host.run_until(timeout, |h| {
+            h.take_event(|e| matches!(e, Event::Closed { volume, .. } if *volume == id))
+        })?;
+        match answer {
+            Some(Event::Closed { result, .. }) => result.map_err(Error::Io),
+            _ => Err(Error::Timeout {
+                what: "CLOSE answer",
+                waited: timeout,
+            }),
+        }
+    }
+}
+
+fn check_tag(tag: u64) -> Result<(), Error> {
+    if tag >= BLOCKING_TAG_BASE {
+        return Err(Error::BadTag {
+            max: BLOCKING_TAG_BASE - 1,
+            found: tag,
+        });
+    }
+    Ok(())
+}
