@@ -184,3 +184,81 @@ pub(crate) fn block_sizes(device: BorrowedFd<'_>) -> io::Result<(u32, u32)> {
         block_size_ioctl(device, libc::BLKPBSZGET)?,
     ))
 }
+
+/// Sets an `int` socket option.
+fn set_int_option(
+    socket: BorrowedFd<'_>,
+    level: libc::c_int,
+    name: libc::c_int,
+    value: libc::c_int,
+) -> io::Result<()> {
+    // SAFETY: the option value is one `int` read through the pointer, which
+    // points to `value` for the duration of the call with its exact size;
+    // `socket` is an open descriptor borrowed for the call.
+    let result = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            level,
+            name,
+            ptr::from_ref(&value).cast::<libc::c_void>(),
+            size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if result != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Reads an `int` socket option.
+fn int_option(socket: BorrowedFd<'_>, level: libc::c_int, name: libc::c_int) -> io::Result<i32> {
+    let mut value: libc::c_int = 0;
+    let mut len = size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes (one `int`) through the
+    // value pointer, which points to `value`, and updates `len`; both are
+    // exclusively borrowed until the call returns; `socket` is open.
+    let result = unsafe {
+        libc::getsockopt(
+            socket.as_raw_fd(),
+            level,
+            name,
+            ptr::from_mut(&mut value).cast::<libc::c_void>(),
+            &raw mut len,
+        )
+    };
+    if result != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(value)
+}
+
+/// Asks for `bytes` of socket receive and send buffer: `SO_RCVBUF` /
+/// `SO_SNDBUF`, then the `…FORCE` variants (root) if the system limit
+/// capped them. Returns the effective sizes (the kernel reports double the
+/// request, its bookkeeping included).
+pub(crate) fn set_socket_buffers(
+    socket: BorrowedFd<'_>,
+    bytes: usize,
+) -> io::Result<(usize, usize)> {
+    let want = libc::c_int::try_from(bytes).unwrap_or(libc::c_int::MAX);
+    let mut sizes = [0usize; 2];
+    for (slot, (normal, force)) in sizes.iter_mut().zip([
+        (libc::SO_RCVBUF, libc::SO_RCVBUFFORCE),
+        (libc::SO_SNDBUF, libc::SO_SNDBUFFORCE),
+    ]) {
+        set_int_option(socket, libc::SOL_SOCKET, normal, want)?;
+        if int_option(socket, libc::SOL_SOCKET, normal)? < want {
+            // Without CAP_NET_ADMIN this fails and the capped size stays.
+            let _ = set_int_option(socket, libc::SOL_SOCKET, force, want);
+        }
+        *slot = usize::try_from(int_option(socket, libc::SOL_SOCKET, normal)?).unwrap_or(0);
+    }
+    Ok((sizes[0], sizes[1]))
+}
+
+/// The effective socket receive and send buffer sizes.
+pub(crate) fn socket_buffers(socket: BorrowedFd<'_>) -> io::Result<(usize, usize)> {
+    let get =
+        |name| int_option(socket, libc::SOL_SOCKET, name).map(|v| usize::try_from(v).unwrap_or(0));
+    Ok((get(libc::SO_RCVBUF)?, get(libc::SO_SNDBUF)?))
+}

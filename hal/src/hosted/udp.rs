@@ -28,6 +28,10 @@ pub const ROCE_V2_PORT: u16 = 4791;
 const MAX_DATAGRAM_LEN: usize = 65507;
 /// Payload slices sent per datagram, besides the header.
 const MAX_IOVECS: usize = 16;
+/// Socket buffer asked for in each direction: a burst of a queue depth of
+/// 128 KiB IOs (4 MiB) must not overflow the receive buffer, or the
+/// transport's retransmission timer, not the link, sets the pace.
+pub const SOCKET_BUFFER_BYTES: usize = 8 << 20;
 
 /// A UDP socket carrying RoCEv2 payloads; see the module docs.
 pub struct UdpNic {
@@ -39,15 +43,18 @@ pub struct UdpNic {
 
 impl UdpNic {
     /// Binds a non-blocking socket to `addr` (normally port
-    /// [`ROCE_V2_PORT`]; port 0 picks a free one). The IP MTU defaults to
-    /// 1500.
+    /// [`ROCE_V2_PORT`]; port 0 picks a free one) with
+    /// [`SOCKET_BUFFER_BYTES`] of buffer each way (as much as the system
+    /// allows: `net.core.rmem_max` caps it unless we are root). The IP MTU
+    /// defaults to 1500.
     ///
     /// # Errors
     ///
-    /// The bind error.
+    /// The bind or setsockopt error.
     pub fn bind(addr: SocketAddr) -> io::Result<Self> {
         let socket = UdpSocket::bind(addr)?;
         socket.set_nonblocking(true)?;
+        sys::set_socket_buffers(socket.as_fd(), SOCKET_BUFFER_BYTES)?;
         let local = socket.local_addr()?;
         Ok(Self {
             socket,
@@ -61,6 +68,16 @@ impl UdpNic {
     pub fn with_mtu(mut self, mtu: usize) -> Self {
         self.mtu = mtu;
         self
+    }
+
+    /// The effective receive and send buffer sizes in bytes, as the kernel
+    /// reports them.
+    ///
+    /// # Errors
+    ///
+    /// The getsockopt error.
+    pub fn buffer_sizes(&self) -> io::Result<(usize, usize)> {
+        sys::socket_buffers(self.socket.as_fd())
     }
 
     /// The descriptor to poll for readability.
