@@ -81,14 +81,12 @@ impl InitiatorConfig {
     pub const DISCONNECT_TIMEOUT_NS: u64 = 500_000_000;
     /// Reconnect delay of [`InitiatorConfig::new`].
     pub const RECONNECT_DELAY_NS: u64 = 500_000_000;
-    /// Largest server queue depth [`InitiatorConfig::new`] accepts. The RTRS
-    /// client posts `2 × max_queue_depth + 8` receives on every connection
-    /// and the software HCA's receive queue holds 1024
-    /// (`roce::qp::config::RQ_DEPTH`), so 508 is the ceiling; a server
-    /// announcing more (Linux and Brick default to 512) is refused with
-    /// `PathError::BadConnRsp`. Configure such targets with a smaller
-    /// queue depth.
-    pub const MAX_SERVER_QUEUE_DEPTH: u16 = 500;
+    /// Largest server queue depth [`InitiatorConfig::new`] accepts: Linux's
+    /// and Brick's default. The RTRS client posts `2 × max_queue_depth + 8`
+    /// receives on every connection, which the software HCA's receive queue
+    /// (`roce::qp::config::RQ_DEPTH`, 2048) holds; a server announcing more
+    /// is refused with `PathError::BadConnRsp`.
+    pub const MAX_SERVER_QUEUE_DEPTH: u16 = 512;
     /// Hold timeout of [`InitiatorConfig::new`].
     pub const HOLD_TIMEOUT_NS: u64 = 30_000_000_000;
 

@@ -87,9 +87,10 @@ pub mod config {
     /// Send-queue entries per QP (posted, not yet completed send WRs).
     pub const SQ_DEPTH: usize = 128;
     /// Receive-queue entries per QP. An RTRS server posts queue_depth + 1
-    /// receives on cid 0 (512 + 1 with the Linux client's queue depth), so
-    /// this must exceed 513.
-    pub const RQ_DEPTH: usize = 1024;
+    /// receives on cid 0 (512 + 1 with the Linux client's queue depth); an
+    /// RTRS client posts two per request plus 8 on every connection (1032
+    /// for the default queue depth of 512), so this must exceed 1032.
+    pub const RQ_DEPTH: usize = 2048;
     /// Remembered incoming RDMA READs per QP, for duplicate replay; also the
     /// most READs the responder serves at once (`max_dest_rd_atomic` cap).
     pub const READ_RESOURCES: usize = 16;
