@@ -72,8 +72,8 @@ use std::net::SocketAddr;
 use rnbd::client::{self as rnbd_client, ClientError, Device};
 use rnbd::wire::{AccessMode, CachePolicy};
 use rtrs::client::{
-    errno as rtrs_errno, Client, ClientIo, Direction, Event as RtrsEvent, PathError, ReadBuffer,
-    SessionError, SubmitError as RtrsSubmitError,
+    Client, ClientIo, Direction, Event as RtrsEvent, PathError, ReadBuffer, SessionError,
+    SubmitError as RtrsSubmitError,
 };
 use verbs::{AccessFlags, MemoryRegion, PostError, Sgl, Verbs};
 
@@ -903,6 +903,7 @@ impl<V: Verbs> Initiator<V> {
         index: usize,
         generation: u16,
         errno: u16,
+        aborted: bool,
         read: Option<ReadBuffer>,
     ) {
         let Some(slot) = self
@@ -918,7 +919,7 @@ impl<V: Verbs> Initiator<V> {
             self.stats.stale_completions += 1;
             return;
         }
-        if errno == rtrs_errno::ECONNABORTED {
+        if aborted {
             // No path carried it: send it again once the session is ready.
             self.volumes[index].state = Some(if state == Some(VolumeState::Opening) {
                 VolumeState::WaitingForSession
@@ -961,7 +962,7 @@ impl<V: Verbs> Initiator<V> {
         }
     }
 
-    fn close_answered(&mut self, index: usize, generation: u16, errno: u16) {
+    fn close_answered(&mut self, index: usize, generation: u16, errno: u16, aborted: bool) {
         let matches = self
             .volumes
             .get(index)
@@ -972,7 +973,8 @@ impl<V: Verbs> Initiator<V> {
         }
         let id = self.id_of(index);
         self.free_volume(index);
-        let result = if errno == rtrs_errno::ECONNABORTED {
+        let result = if aborted {
+            // The session went away: the server forgot the device anyway.
             Ok(())
         } else {
             rnbd_client::io_status(errno).map_err(|error| match error {
@@ -1499,7 +1501,7 @@ impl<V: Verbs> Initiator<V> {
         }
     }
 
-    fn io_answered(&mut self, index: usize, generation: u16, errno: u16, now: u64) {
+    fn io_answered(&mut self, index: usize, generation: u16, errno: u16, aborted: bool, now: u64) {
         let Some(slot) = self
             .slots
             .get_mut(index)
@@ -1526,7 +1528,7 @@ impl<V: Verbs> Initiator<V> {
         match errno {
             0 => {}
             // The RTRS client's own "no path took it" (rtrs.md §7).
-            rtrs_errno::ECONNABORTED => *retry = true,
+            _ if aborted => *retry = true,
             errno => {
                 let error = match rnbd_client::io_status(errno) {
                     Err(ClientError::Remote(remote)) => IoError::Remote(remote),
@@ -1652,19 +1654,27 @@ impl<V: Verbs> Initiator<V> {
                     .push_back(Event::PathConnectFailed { path, reason });
             }
             RtrsEvent::PathClosed { path } => self.events.push_back(Event::PathClosed { path }),
-            RtrsEvent::IoCompleted { tag, errno, read } => {
+            RtrsEvent::IoCompleted {
+                tag,
+                errno,
+                answered_on,
+                read,
+            } => {
                 if tag < RAW_TAG_LIMIT {
                     self.events
                         .push_back(Event::RawCompleted { tag, errno, read });
                     return;
                 }
+                // Completed by the RTRS client itself: no path took it
+                // (rtrs.md §7); a server's own ECONNABORTED is an answer.
+                let aborted = answered_on.is_none();
                 let (kind, generation, index) = split_tag(tag);
                 let index = usize::from(index);
                 match kind {
-                    KIND_IO => self.io_answered(index, generation, errno, now),
-                    KIND_OPEN => self.open_answered(index, generation, errno, read),
-                    KIND_CLOSE => self.close_answered(index, generation, errno),
-                    KIND_SESS_INFO => self.sess_info_answered(errno),
+                    KIND_IO => self.io_answered(index, generation, errno, aborted, now),
+                    KIND_OPEN => self.open_answered(index, generation, errno, aborted, read),
+                    KIND_CLOSE => self.close_answered(index, generation, errno, aborted),
+                    KIND_SESS_INFO => self.sess_info_answered(aborted),
                     _ => self.stats.stale_completions += 1,
                 }
             }
@@ -1672,12 +1682,12 @@ impl<V: Verbs> Initiator<V> {
         }
     }
 
-    fn sess_info_answered(&mut self, errno: u16) {
+    fn sess_info_answered(&mut self, aborted: bool) {
         if self.session != SessionState::WaitingForSessInfo {
             self.stats.stale_completions += 1;
             return;
         }
-        if errno == rtrs_errno::ECONNABORTED {
+        if aborted {
             self.session = if self.client.is_up() {
                 SessionState::SendingSessInfo
             } else {

@@ -533,6 +533,7 @@ fn unknown_and_stale_responses_are_ignored() {
         [&Event::IoCompleted {
             tag: 1,
             errno: 5,
+            answered_on: Some(0),
             read: None
         }]
     );

@@ -80,6 +80,7 @@ fn completed(events: &[Event], tag: u64) -> Option<(u16, Option<ReadBuffer>)> {
             tag: t,
             errno,
             read,
+            ..
         } if *t == tag => Some((*errno, *read)),
         _ => None,
     })
@@ -363,6 +364,17 @@ fn last_path_lost_fails_ios_then_session_comes_back() {
     pair.settle();
     let events = pair.take_events();
     assert_eq!(completed(&events, 1), Some((103, None)), "ECONNABORTED");
+    assert!(
+        events.iter().any(|e| matches!(
+            e,
+            Event::IoCompleted {
+                tag: 1,
+                answered_on: None,
+                ..
+            }
+        )),
+        "the abort is marked as the client's own, not a server's answer"
+    );
     assert!(events.contains(&Event::SessionDown), "{events:?}");
     assert!(!pair.client.is_up());
     let io = ClientIo {

@@ -334,6 +334,11 @@ pub enum Event {
         tag: u64,
         /// 0 = success, else the positive errno.
         errno: u16,
+        /// The path whose response completed it; `None` if it was completed
+        /// locally: no path took it after a failover or the session was
+        /// closing (`errno` is then `ECONNABORTED`, which a server never
+        /// caused).
+        answered_on: Option<u16>,
         /// For reads: the buffer the server wrote into.
         read: Option<ReadBuffer>,
     },
@@ -352,6 +357,8 @@ pub struct PathStats {
     pub write_bytes: u64,
     /// Requests in flight now.
     pub inflight: u32,
+    /// Requests the server answered with a non-zero errno on this path.
+    pub errors: u64,
     /// Requests moved to this path from a failed one.
     pub failovers: u64,
     /// Successful reconnects.
@@ -1508,9 +1515,14 @@ impl<V: Verbs> Client<V> {
     /// Completes request `permit` to the consumer and frees the permit.
     fn finish(&mut self, permit: u16, errno: u16, _now: u64) {
         let request = &mut self.requests[usize::from(permit)];
+        let mut answered_on = None;
         if let RequestState::InFlight { path, .. } = request.state {
+            answered_on = Some(path);
             let slot = &mut self.paths[usize::from(path)];
             slot.stats.inflight = slot.stats.inflight.saturating_sub(1);
+            if errno != 0 {
+                slot.stats.errors += 1;
+            }
             if errno == 0 {
                 if request.read.is_some() {
                     slot.stats.reads += 1;
@@ -1525,6 +1537,7 @@ impl<V: Verbs> Client<V> {
         let event = Event::IoCompleted {
             tag: request.tag,
             errno,
+            answered_on,
             read: request.read,
         };
         self.free_permits.push(permit);
