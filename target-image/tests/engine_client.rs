@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{pattern, with_world, World};
+use common::{pattern, with_world, Fabric, World};
 use rnbd::wire::AccessMode;
 
 const MANIFEST: &str = r#"

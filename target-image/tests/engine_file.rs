@@ -9,7 +9,7 @@ mod common;
 
 use std::path::PathBuf;
 
-use common::{pattern, Keys, World};
+use common::{pattern, Fabric, Keys, World};
 use manifest::binary::Manifest;
 use rnbd::wire::{AccessMode, CachePolicy};
 use target_image::{hosted, BuildError, Engine};

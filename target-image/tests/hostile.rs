@@ -16,13 +16,16 @@
 
 mod common;
 
-use common::{con_req, info_req, pattern, with_world, RawOutcome, RawRefusal, World, SECOND};
+use common::{
+    con_req, info_req, pattern, raw_read_message, with_world, Fabric, RawOutcome, RawRefusal,
+    World, SECOND,
+};
 use rnbd::client as rnbd_client;
 use rnbd::wire::{AccessMode, Io, IoFlags, IoOp};
 use rtrs::client::PathError;
 use rtrs::server::errno as rtrs_errno;
 use rtrs::wire::{BufferDesc, ReadFlags, ReadMsg, Uuid, WriteMsg};
-use verbs::{Memory, RejectReason};
+use verbs::RejectReason;
 
 /// qd 12 (not a power of two, so chunk ids 12..15 are representable in the
 /// immediate's 4 chunk bits), 36 KiB chunks, two sessions of one path of
@@ -197,37 +200,11 @@ fn assert_closed_for_violation(world: &mut World<'_>, r: usize, host: u8) {
 /// Sends a well-formed RNBD SESS_INFO as an RTRS READ from raw node `r` on
 /// chunk `chunk` and checks the answer: proves the path still serves.
 fn assert_raw_path_serves(world: &mut World<'_>, r: usize, chunk: u16) {
-    let mut header = [0u8; 64];
-    let out = rnbd_client::sess_info(&mut header).unwrap();
-    let usr_len = out.user_header_len;
-    let memory = world.raws[r].memory;
-    let mut bytes = header[..usr_len].to_vec();
-    let mut msg = [0u8; 24];
-    let n = ReadMsg {
-        usr_len: usr_len as u16,
-        flags: ReadFlags(0),
-        desc: Some(BufferDesc {
-            addr: memory.remote_addr(common::RAW_READ_DEST),
-            rkey: memory.rkey,
-            len: out.data_len,
-        }),
-    }
-    .emit(&mut msg)
-    .unwrap();
-    bytes.extend_from_slice(&msg[..n]);
-    let imm = world.raw_imm(r, u32::from(chunk), out.data_len + usr_len as u32);
-    world.raw_post(r, 0, &[(chunk, out.data_len, &bytes, imm)]);
     assert_eq!(
-        world.raw_await(r, u32::from(chunk)),
-        RawOutcome::Answered(0),
+        world.raw_sess_info(r, chunk),
+        (RawOutcome::Answered(0), Some(2)),
         "a valid SESS_INFO after the bad request"
     );
-    let mut reply = vec![0u8; out.data_len as usize];
-    world.raws[r]
-        .hca
-        .read(memory.handle, common::RAW_READ_DEST, &mut reply)
-        .unwrap();
-    assert_eq!(rnbd_client::sess_info_rsp(0, &reply).unwrap(), 2);
 }
 
 // ----- RTRS request level (rnbd.md §8.2) --------------------------------------
@@ -286,31 +263,6 @@ fn case_user_header_beyond_chunk_start(world: &mut World<'_>) {
     world.raw_teardown(r);
 }
 
-/// A READ request: 32 bytes of user header then the READ message with
-/// `descriptors` (sg_cnt = their number), placed so the data room is
-/// `room` bytes. Returns (bytes, message offset).
-fn read_request(descriptors: &[BufferDesc], room: u32) -> (Vec<u8>, u32) {
-    let usr_len = 32u16;
-    let mut bytes = vec![0u8; usize::from(usr_len)];
-    let mut msg = [0u8; 24];
-    ReadMsg {
-        usr_len,
-        flags: ReadFlags(0),
-        desc: descriptors.first().copied(),
-    }
-    .emit(&mut msg)
-    .unwrap();
-    msg[6..8].copy_from_slice(&(descriptors.len() as u16).to_le_bytes());
-    bytes.extend_from_slice(&msg[..8]);
-    for desc in descriptors {
-        // struct rtrs_sg_desc: addr le64, key le32, len le32.
-        bytes.extend_from_slice(&desc.addr.to_le_bytes());
-        bytes.extend_from_slice(&desc.rkey.0.to_le_bytes());
-        bytes.extend_from_slice(&desc.len.to_le_bytes());
-    }
-    (bytes, room + u32::from(usr_len))
-}
-
 /// #18: a READ with `sg_cnt = 2`, or `0xffff` (descriptors far beyond the
 /// chunk), is answered EINVAL; the path keeps serving.
 fn case_read_with_two_descriptors(world: &mut World<'_>) {
@@ -321,12 +273,12 @@ fn case_read_with_two_descriptors(world: &mut World<'_>) {
         rkey: memory.rkey,
         len: 4096,
     };
-    let (bytes, offset) = read_request(&[desc, desc], 4096);
+    let (bytes, offset) = raw_read_message(&[desc, desc], 4096);
     let imm = world.raw_imm(r, 5, offset);
     let outcome = attack(world, r, &[(5, 4096, &bytes, imm)], 5);
     assert_eq!(outcome, RawOutcome::Answered(rtrs_errno::EINVAL));
     // sg_cnt = 0xffff: its descriptors would run far past the chunk.
-    let (mut bytes, offset) = read_request(&[desc], 4096);
+    let (mut bytes, offset) = raw_read_message(&[desc], 4096);
     bytes[32 + 6..32 + 8].copy_from_slice(&u16::MAX.to_le_bytes());
     let imm = world.raw_imm(r, 10, offset);
     let outcome = attack(world, r, &[(10, 4096, &bytes, imm)], 10);
@@ -345,7 +297,7 @@ fn case_read_length_differs_from_room(world: &mut World<'_>) {
         rkey: memory.rkey,
         len: 8192,
     };
-    let (bytes, offset) = read_request(&[desc], 4096);
+    let (bytes, offset) = raw_read_message(&[desc], 4096);
     let imm = world.raw_imm(r, 7, offset);
     let outcome = attack(world, r, &[(7, 4096, &bytes, imm)], 7);
     assert_eq!(outcome, RawOutcome::Answered(rtrs_errno::EINVAL));

@@ -13,7 +13,7 @@ mod common;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 
-use common::{pattern, with_world, World, SECOND};
+use common::{pattern, with_world, Fabric, World, SECOND};
 use rnbd::wire::AccessMode;
 use rtrs::server::Usage;
 

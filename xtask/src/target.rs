@@ -71,7 +71,54 @@ pub struct TargetDescriptor {
     pub nvme: Option<NvmeExport>,
     /// Restart support.
     pub restart: Restart,
+    /// The probe port, if the bed has one and the target serves it.
+    pub probe: Option<ProbePort>,
 }
+
+/// A target's probe port: an extra interface on its own link where
+/// `hostile_probe` (target-image/examples) plays hostile clients, with what
+/// the probe must be told about the target.
+#[derive(Clone, Debug)]
+pub struct ProbePort {
+    /// The target's address on the probe link.
+    pub target: String,
+    /// The probe's first address (`A.B.C.D/LEN`).
+    pub local: String,
+    /// The probe's first MAC.
+    pub mac: String,
+    /// Sessions named `PREFIX-*` may use the probe volumes.
+    pub session_prefix: String,
+    /// A session name no access rule admits.
+    pub refused_session: String,
+    /// A volume probe sessions may open read-only.
+    pub ro_volume: String,
+    /// A volume probe sessions may open read-write.
+    pub rw_volume: String,
+    /// The target's `max_connections_per_path`.
+    pub max_connections: u16,
+    /// The target's `max_sessions`.
+    pub max_sessions: u32,
+}
+
+/// The target's probe interface (the path subnets are 10.77.0.0/24 up).
+const PROBE_INTERFACE: &str = "probe0";
+const PROBE_TARGET_MAC: &str = "52:54:00:99:00:01";
+const PROBE_TARGET: &str = "10.99.0.1";
+const PROBE_PREFIX: u8 = 24;
+const PROBE_LOCAL: &str = "10.99.0.2";
+const PROBE_LOCAL_MAC: &str = "52:54:00:99:00:02";
+/// The probe's sessions, volumes and the name the access list refuses.
+const PROBE_SESSIONS: &str = "probe";
+const PROBE_REFUSED: &str = "denied-probe";
+const PROBE_RO_VOLUME: &str = "probe-ro";
+const PROBE_RW_VOLUME: &str = "probe-rw";
+/// Limits of a bed with a probe port: few sessions, so the probe reaches
+/// `max_sessions` in a few connects while the Linux client holds one (it
+/// needs one per mapped session, and never a new one while the probe
+/// holds the rest); a queue depth that is not a power of two, so a chunk id
+/// beyond it fits the IO_REQ immediate (rtrs.md §4.2).
+const PROBE_MAX_SESSIONS: u32 = 4;
+const PROBE_QUEUE_DEPTH: u16 = 384;
 
 /// The kinds of target the suites know.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -83,6 +130,11 @@ pub enum TargetKind {
 }
 
 impl TargetKind {
+    /// Whether its beds can have a probe port ([`BedConfig::probe`]).
+    pub fn has_probe_port(self) -> bool {
+        matches!(self, TargetKind::BrickHosted)
+    }
+
     /// Name for reports.
     pub fn name(self) -> &'static str {
         match self {
@@ -148,13 +200,34 @@ const DURABLE_MIB: u64 = 64;
 /// `paths` paths, its interfaces at `mtu`, plus a file-backed volume
 /// `durable` (a fresh file in `dir`) that every session may map
 /// read-write. Returns its path.
-fn judge_manifest(paths: usize, mtu: u32, dir: &std::path::Path) -> Result<PathBuf> {
+///
+/// With `probe`, the target also gets the probe port ([`ProbePort`]): an
+/// interface `probe0` after the path interfaces, two 1 MiB RAM volumes
+/// `probe-ro` and `probe-rw` that sessions named `probe-*` may open
+/// read-only and read-write, and the probe limits (see
+/// [`PROBE_MAX_SESSIONS`]). Every other access rule is narrowed to the
+/// initiator's path subnets (one copy per path), so the initiator keeps
+/// exactly its access, probe sessions reach only the probe volumes, and any
+/// other name from the probe link (`denied-probe`) is refused.
+fn judge_manifest(paths: usize, mtu: u32, probe: bool, dir: &std::path::Path) -> Result<PathBuf> {
     let example = brick_manifest(paths);
     let original =
         std::fs::read_to_string(&example).with_context(|| format!("read {}", example.display()))?;
+    let image = dir.join("durable.img");
+    let _ = std::fs::remove_file(&image);
+    let durable = format!(
+        "\n# Added by the judge: a file-backed volume for the restart cases.\n\
+         [[volumes]]\nname = \"durable\"\nkind = \"file\"\npath = \"{}\"\nsize = \"{DURABLE_MIB}MiB\"\n\n\
+         [[access]]\nsessions = \"*\"\nvolumes = [\"durable\"]\nmode = \"rw\"\n",
+        image.display()
+    );
     let mut text = String::new();
+    let mut limits_seen = false;
     for line in original.lines() {
         if line.starts_with("mtu") {
+            continue;
+        }
+        if probe && (line.starts_with("max_sessions") || line.starts_with("queue_depth")) {
             continue;
         }
         text += line;
@@ -163,18 +236,110 @@ fn judge_manifest(paths: usize, mtu: u32, dir: &std::path::Path) -> Result<PathB
         if line.starts_with("address") && line.contains('/') {
             text += &format!("mtu = {mtu}\n");
         }
+        if probe && line.trim() == "[limits]" {
+            limits_seen = true;
+            text += &probe_limits();
+        }
     }
-    let image = dir.join("durable.img");
-    let _ = std::fs::remove_file(&image);
-    text += &format!(
-        "\n# Added by the judge: a file-backed volume for the restart cases.\n\
-         [[volumes]]\nname = \"durable\"\nkind = \"file\"\npath = \"{}\"\nsize = \"{DURABLE_MIB}MiB\"\n\n\
-         [[access]]\nsessions = \"*\"\nvolumes = [\"durable\"]\nmode = \"rw\"\n",
-        image.display()
-    );
+    text += &durable;
+    if probe {
+        text = narrow_access(&text, paths);
+        if !limits_seen {
+            text += &format!("\n[limits]\n{}", probe_limits());
+        }
+        text += &format!(
+            "\n# Added by the judge: the probe port (hostile_probe).\n\
+             [[interfaces]]\nname = \"{PROBE_INTERFACE}\"\nmac = \"{PROBE_TARGET_MAC}\"\n\
+             address = \"{PROBE_TARGET}/{PROBE_PREFIX}\"\nmtu = {mtu}\n\n\
+             [[volumes]]\nname = \"{PROBE_RO_VOLUME}\"\nkind = \"ram\"\nsize = \"1MiB\"\n\n\
+             [[volumes]]\nname = \"{PROBE_RW_VOLUME}\"\nkind = \"ram\"\nsize = \"1MiB\"\n\n\
+             [[access]]\nsessions = \"{PROBE_SESSIONS}-*\"\nvolumes = [\"{PROBE_RO_VOLUME}\"]\nmode = \"ro\"\n\n\
+             [[access]]\nsessions = \"{PROBE_SESSIONS}-*\"\nvolumes = [\"{PROBE_RW_VOLUME}\"]\nmode = \"rw\"\n"
+        );
+    }
     let path = dir.join("judge.toml");
     std::fs::write(&path, text).with_context(|| format!("write {}", path.display()))?;
     Ok(path)
+}
+
+/// The `[limits]` keys of a bed with a probe port.
+fn probe_limits() -> String {
+    format!("max_sessions = {PROBE_MAX_SESSIONS}\nqueue_depth = {PROBE_QUEUE_DEPTH}\n")
+}
+
+/// `text` with each `[[access]]` table repeated once per path, restricted
+/// to that path's initiator subnet (`source`), and `volumes = "*"` spelled
+/// out as the volumes of `text` (so volumes added later are not covered).
+/// Tables are delimited by the next `[` header or the end.
+fn narrow_access(text: &str, paths: usize) -> String {
+    let mut volumes = Vec::new();
+    let mut table = "";
+    for line in text.lines() {
+        if line.starts_with('[') {
+            table = line.trim();
+        } else if let ("[[volumes]]", Some(("name", value))) = (
+            table,
+            line.split_once('=').map(|(k, v)| (k.trim(), v.trim())),
+        ) {
+            volumes.push(value.to_string());
+        }
+    }
+    let every_volume = format!("volumes = [{}]", volumes.join(", "));
+    let mut out = String::new();
+    let mut rule: Option<Vec<&str>> = None;
+    let flush = |rule: &mut Option<Vec<&str>>, out: &mut String| {
+        if let Some(lines) = rule.take() {
+            for i in 0..paths {
+                let subnet = path_address(i);
+                let network = subnet.initiator.rsplit_once('.').map_or("", |(net, _)| net);
+                *out += "[[access]]\n";
+                *out += &format!("source = \"{network}.0/{}\"\n", subnet.prefix);
+                for line in lines.iter().skip(1).filter(|l| !l.trim().is_empty()) {
+                    let spaced: String = line.split_whitespace().collect();
+                    if spaced == "volumes=\"*\"" {
+                        *out += &every_volume;
+                    } else {
+                        *out += line;
+                    }
+                    *out += "\n";
+                }
+                *out += "\n";
+            }
+        }
+    };
+    for line in text.lines() {
+        if line.starts_with('[') {
+            flush(&mut rule, &mut out);
+            if line.trim() == "[[access]]" {
+                rule = Some(vec![line]);
+                continue;
+            }
+        }
+        match rule.as_mut() {
+            Some(lines) => lines.push(line),
+            None => {
+                out += line;
+                out += "\n";
+            }
+        }
+    }
+    flush(&mut rule, &mut out);
+    out
+}
+
+/// Builds the `hostile_probe` example (release) and returns its path.
+pub fn build_hostile_probe() -> Result<PathBuf> {
+    step("building hostile_probe (release)");
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    crate::util::run(Command::new(cargo).current_dir(crate::paths::repo()).args([
+        "build",
+        "--release",
+        "-p",
+        "brick-target-image",
+        "--example",
+        "hostile_probe",
+    ]))?;
+    Ok(crate::paths::repo().join("target/release/examples/hostile_probe"))
 }
 
 /// Builds `brick-target` (release) and returns its path.
@@ -193,8 +358,16 @@ pub fn build_brick_target() -> Result<PathBuf> {
 }
 
 impl Target {
-    /// Starts the target (not yet waiting for it to serve).
-    fn spawn(kind: TargetKind, images: &Images, relays: &[Relay], mtu: u32) -> Result<Target> {
+    /// Starts the target (not yet waiting for it to serve); `probe` is the
+    /// relay of the probe port, if the bed has one (a Linux reference
+    /// target has none: it leaves it unconnected).
+    fn spawn(
+        kind: TargetKind,
+        images: &Images,
+        relays: &[Relay],
+        probe: Option<&Relay>,
+        mtu: u32,
+    ) -> Result<Target> {
         match kind {
             TargetKind::LinuxReference => {
                 let paths: Vec<PathAddress> = (0..relays.len()).map(path_address).collect();
@@ -230,6 +403,7 @@ impl Target {
                         bytes,
                     }),
                     restart: Restart::Reboot,
+                    probe: None,
                 };
                 let vm = Box::new(Vm::spawn(images, config.clone())?);
                 Ok(Target {
@@ -243,19 +417,21 @@ impl Target {
             TargetKind::BrickHosted => {
                 let binary = build_brick_target()?;
                 let dir = crate::paths::scratch("brick-target");
-                let manifest_path = judge_manifest(relays.len(), mtu, &dir)?;
+                let manifest_path = judge_manifest(relays.len(), mtu, probe.is_some(), &dir)?;
                 let manifest =
                     manifest::compile_file(&manifest_path).map_err(|e| anyhow::anyhow!("{e}"))?;
-                if manifest.interfaces.len() != relays.len() {
+                let links = relays.len() + usize::from(probe.is_some());
+                if manifest.interfaces.len() != links {
                     bail!(
-                        "{} has {} interfaces, the bed has {} paths",
+                        "{} has {} interfaces, the bed has {} paths and {} probe port",
                         manifest_path.display(),
                         manifest.interfaces.len(),
-                        relays.len()
+                        relays.len(),
+                        usize::from(probe.is_some())
                     );
                 }
                 let mut paths = Vec::new();
-                for (i, interface) in manifest.interfaces.iter().enumerate() {
+                for (i, interface) in manifest.interfaces.iter().take(relays.len()).enumerate() {
                     let expected = path_address(i);
                     let address = interface.address.address.to_string();
                     if address != expected.target || interface.mac.to_string() != mac(i, 1) {
@@ -275,6 +451,10 @@ impl Target {
                 let volumes = manifest
                     .volumes
                     .iter()
+                    .filter(|v| {
+                        probe.is_none()
+                            || ![PROBE_RO_VOLUME, PROBE_RW_VOLUME].contains(&v.name.as_str())
+                    })
                     .map(|v| {
                         let (bytes, durable) = match &v.backing {
                             manifest::config::Backing::Ram { size } => (*size, false),
@@ -299,13 +479,24 @@ impl Target {
                     volumes,
                     nvme: None,
                     restart: Restart::Process,
+                    probe: probe.map(|_| ProbePort {
+                        target: PROBE_TARGET.into(),
+                        local: format!("{PROBE_LOCAL}/{PROBE_PREFIX}"),
+                        mac: PROBE_LOCAL_MAC.into(),
+                        session_prefix: PROBE_SESSIONS.into(),
+                        refused_session: PROBE_REFUSED.into(),
+                        ro_volume: PROBE_RO_VOLUME.into(),
+                        rw_volume: PROBE_RW_VOLUME.into(),
+                        max_connections: manifest.limits.max_connections_per_path,
+                        max_sessions: manifest.limits.max_sessions,
+                    }),
                 };
                 let mut command = vec![
                     binary.display().to_string(),
                     "--manifest".into(),
                     manifest_path.display().to_string(),
                 ];
-                for relay in relays {
+                for relay in relays.iter().chain(probe) {
                     command.push("--link".into());
                     command.push(format!("frame:connect:{}", relay.b.display()));
                 }
@@ -348,8 +539,9 @@ impl Target {
         Ok(())
     }
 
-    /// Waits until the target serves its volumes.
-    fn wait_serving(&mut self, relays: &[Relay]) -> Result<()> {
+    /// Waits until the target serves its volumes (a process target: until
+    /// every link of `relays`, paths and probe port, is connected).
+    fn wait_serving(&mut self, relays: &[&Relay]) -> Result<()> {
         match &mut self.runner {
             Runner::Vm { vm, .. } => {
                 let Some(vm) = vm.as_mut() else {
@@ -389,7 +581,7 @@ impl Target {
 
     /// Restarts the target; its volumes come back empty (RAM) or intact
     /// (durable backends), and its NICs reconnect through the relays.
-    pub fn restart(&mut self, images: &Images, relays: &[Relay]) -> Result<()> {
+    pub fn restart(&mut self, images: &Images, relays: &[&Relay]) -> Result<()> {
         match &mut self.runner {
             Runner::Vm { vm, config } => {
                 *vm = None; // kills QEMU
@@ -467,6 +659,9 @@ impl Drop for Target {
 pub struct Bed {
     /// The relays, path 0 first (side a = initiator, side b = target).
     pub relays: Vec<Relay>,
+    /// The probe port's relay (side a = `hostile_probe`, side b = the
+    /// target), if the bed has one and the target serves it.
+    pub probe: Option<Relay>,
     /// The target.
     pub target: Target,
     /// The Linux initiator VM.
@@ -498,6 +693,9 @@ pub struct BedConfig {
     pub initiator_cpus: u32,
     /// Write a pcap per path into the scratch directory.
     pub pcap: bool,
+    /// Give the target a probe port ([`ProbePort`]; the hosted Brick
+    /// target only, other kinds ignore it).
+    pub probe: bool,
 }
 
 impl BedConfig {
@@ -509,6 +707,7 @@ impl BedConfig {
             mtu: 1500,
             initiator_cpus: 1,
             pcap: false,
+            probe: false,
         }
     }
 }
@@ -527,7 +726,19 @@ impl Bed {
                 pcap.as_deref(),
             )?);
         }
-        let mut target = Target::spawn(config.kind, images, &relays, config.mtu)?;
+        let probe = match config.kind {
+            TargetKind::BrickHosted if config.probe => {
+                let pcap = config.pcap.then(|| dir.join("probe.pcap"));
+                Some(Relay::start(
+                    &dir.join("probe-a.sock"),
+                    &dir.join("probe-b.sock"),
+                    0xb41c_9e00,
+                    pcap.as_deref(),
+                )?)
+            }
+            _ => None,
+        };
+        let mut target = Target::spawn(config.kind, images, &relays, probe.as_ref(), config.mtu)?;
         let mut initiator_config = VmConfig::new("initiator");
         initiator_config.mtu = config.mtu;
         initiator_config.cpus = config.initiator_cpus;
@@ -548,7 +759,8 @@ impl Bed {
             })
             .collect();
         let mut initiator = Vm::spawn(images, initiator_config)?;
-        target.wait_serving(&relays)?;
+        let links: Vec<&Relay> = relays.iter().chain(probe.as_ref()).collect();
+        target.wait_serving(&links)?;
         initiator.wait_ready()?;
         let peers: Vec<String> = target
             .descriptor
@@ -569,6 +781,7 @@ impl Bed {
         }
         Ok(Bed {
             relays,
+            probe,
             target,
             initiator,
             mtu: config.mtu,
@@ -579,7 +792,8 @@ impl Bed {
 
     /// Restarts the target in place.
     pub fn restart_target(&mut self) -> Result<()> {
-        self.target.restart(&self.images, &self.relays)
+        let links: Vec<&Relay> = self.relays.iter().chain(self.probe.as_ref()).collect();
+        self.target.restart(&self.images, &links)
     }
 
     /// `ip:A ip:B` path list for map_device, all paths.
@@ -592,5 +806,70 @@ impl Bed {
             .map(|p| p.target.as_str())
             .collect();
         targets.join(" ")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use manifest::binary::Manifest;
+    use manifest::AccessMode;
+    use std::net::Ipv4Addr;
+
+    /// The probe port's manifest compiles; the initiator keeps its access
+    /// on every path, probe sessions reach only the probe volumes, and the
+    /// refused name reaches nothing.
+    #[test]
+    fn probe_manifest_keeps_the_initiator_access() {
+        for paths in [1, 2] {
+            let dir = crate::paths::scratch("probe-manifest");
+            let path = judge_manifest(paths, 1500, true, &dir).unwrap();
+            let config = manifest::compile_file(&path).unwrap();
+            assert_eq!(config.interfaces.len(), paths + 1);
+            assert_eq!(config.interfaces[paths].name, PROBE_INTERFACE);
+            assert_eq!(config.limits.max_sessions, PROBE_MAX_SESSIONS);
+            assert_eq!(config.limits.queue_depth, PROBE_QUEUE_DEPTH);
+            let plain = judge_manifest(paths, 1500, false, &dir).unwrap();
+            let plain = manifest::compile_file(&plain).unwrap();
+            let blob = config.to_binary().unwrap();
+            let probed = Manifest::parse(&blob).unwrap();
+            let plain_blob = plain.to_binary().unwrap();
+            let plain = Manifest::parse(&plain_blob).unwrap();
+            let index = |m: &Manifest<'_>, name: &str| m.volume_by_name(name).unwrap().0;
+            let probe: Ipv4Addr = PROBE_LOCAL.parse().unwrap();
+            for volume in plain.volumes() {
+                for i in 0..paths {
+                    let initiator: Ipv4Addr = path_address(i).initiator.parse().unwrap();
+                    assert_eq!(
+                        probed.access("s1", initiator, index(&probed, volume.name)),
+                        plain.access("s1", initiator, index(&plain, volume.name)),
+                        "{} from {initiator}",
+                        volume.name
+                    );
+                }
+                assert_eq!(
+                    probed.access("probe-x", probe, index(&probed, volume.name)),
+                    None
+                );
+            }
+            for volume in [PROBE_RO_VOLUME, PROBE_RW_VOLUME] {
+                let i = index(&probed, volume);
+                assert_eq!(probed.access(PROBE_REFUSED, probe, i), None);
+                let initiator: Ipv4Addr = path_address(0).initiator.parse().unwrap();
+                assert_eq!(probed.access("s1", initiator, i), None);
+            }
+            let ro = index(&probed, PROBE_RO_VOLUME);
+            let rw = index(&probed, PROBE_RW_VOLUME);
+            assert_eq!(
+                probed.access("probe-x", probe, ro),
+                Some(AccessMode::ReadOnly)
+            );
+            assert_eq!(
+                probed.access("probe-x", probe, rw),
+                Some(AccessMode::ReadWrite)
+            );
+            assert!(!probed.admits(PROBE_REFUSED, probe));
+            let _ = std::fs::remove_dir_all(&dir);
+        }
     }
 }
