@@ -6,7 +6,11 @@
 //! Both directions run on one VM boot: `rping -c` (Linux client) against
 //! the Brick server (this checks Brick's passive CM, RDMA READ as
 //! requester, RDMA WRITE, SEND both ways), then the Brick client against
-//! `rping -s` in the VM (Brick's active CM side).
+//! `rping -s` in the VM (Brick's active CM side). Then the block protocol:
+//! Brick's initiator (the `brick` CLI) maps a brd disk from the Linux
+//! `rnbd_server` in the same VM, writes, verifies, reads back from a second
+//! session and runs a short benchmark: Brick's client side of RTRS/RNBD is
+//! accepted by the real Linux server.
 
 use crate::qemu::{NicConfig, Vm, VmConfig};
 use crate::relay::Relay;
@@ -39,26 +43,51 @@ fn build_rping() -> Result<PathBuf> {
     Ok(crate::paths::repo().join("target/release/examples/rping"))
 }
 
-/// A Brick rping process on the relay's target side.
-struct BrickRping {
+/// Builds the `brick` CLI and returns its path.
+fn build_cli() -> Result<PathBuf> {
+    step("building the brick CLI (cli/)");
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    crate::util::run(Command::new(cargo).current_dir(crate::paths::repo()).args([
+        "build",
+        "--release",
+        "-p",
+        "brick-cli",
+    ]))?;
+    Ok(crate::paths::repo().join("target/release/brick"))
+}
+
+/// A Brick tool process plugged into the relay's target side.
+struct HostTool {
+    name: &'static str,
     child: Child,
     log: PathBuf,
 }
 
-impl BrickRping {
-    fn spawn(binary: &Path, socket: &Path, log: PathBuf, args: &[&str]) -> Result<BrickRping> {
+impl HostTool {
+    fn spawn(name: &'static str, binary: &Path, log: PathBuf, args: &[String]) -> Result<HostTool> {
         let file = std::fs::File::create(&log)?;
         let child = Command::new(binary)
             .args(args)
-            .arg("--link")
-            .arg(format!("frame:connect:{}", socket.display()))
-            .args(["--ip", &format!("{BRICK_IP}/24"), "--mac", BRICK_MAC])
             .stdin(Stdio::null())
             .stdout(file.try_clone()?)
             .stderr(file)
             .spawn()
-            .context("start Brick's rping")?;
-        Ok(BrickRping { child, log })
+            .with_context(|| format!("start {name}"))?;
+        Ok(HostTool { name, child, log })
+    }
+
+    /// Brick's rping with the link and Brick's address appended.
+    fn rping(binary: &Path, socket: &Path, log: PathBuf, args: &[&str]) -> Result<HostTool> {
+        let mut all: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        all.extend([
+            "--link".into(),
+            format!("frame:connect:{}", socket.display()),
+            "--ip".into(),
+            format!("{BRICK_IP}/24"),
+            "--mac".into(),
+            BRICK_MAC.into(),
+        ]);
+        HostTool::spawn("Brick rping", binary, log, &all)
     }
 
     /// Waits for the process to exit; returns its log, failing on a
@@ -69,7 +98,7 @@ impl BrickRping {
             if let Some(status) = self.child.try_wait()? {
                 let log = std::fs::read_to_string(&self.log).unwrap_or_default();
                 if !status.success() {
-                    bail!("Brick rping exited with {status}:\n{log}");
+                    bail!("{} exited with {status}:\n{log}", self.name);
                 }
                 return Ok(log);
             }
@@ -77,7 +106,8 @@ impl BrickRping {
                 let _ = self.child.kill();
                 let log = std::fs::read_to_string(&self.log).unwrap_or_default();
                 bail!(
-                    "Brick rping did not finish in {} s:\n{log}",
+                    "{} did not finish in {} s:\n{log}",
+                    self.name,
                     timeout.as_secs()
                 );
             }
@@ -86,23 +116,34 @@ impl BrickRping {
     }
 }
 
-impl Drop for BrickRping {
+impl Drop for HostTool {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
 }
 
-/// One interop case: (rping binary, relay socket for Brick, scratch dir, VM).
-type RpingCase = fn(&Path, &Path, &Path, &mut Vm) -> Result<()>;
+/// The host tools the cases run.
+struct Tools {
+    rping: PathBuf,
+    cli: PathBuf,
+}
+
+/// One interop case: (tools, relay socket for Brick, scratch dir, VM).
+type InteropCase = fn(&Tools, &Path, &Path, &mut Vm) -> Result<()>;
 
 /// Runs the rping interop cases; prints one line per case.
 pub fn suite(images: &Images, failures: &mut Vec<String>) -> Counts {
     let mut counts = Counts::default();
-    let binary = match build_rping() {
-        Ok(binary) => binary,
+    let tools = match build_rping().and_then(|rping| {
+        Ok(Tools {
+            rping,
+            cli: build_cli()?,
+        })
+    }) {
+        Ok(tools) => tools,
         Err(error) => {
-            failures.push(format!("brick-rping build: {error:#}"));
+            failures.push(format!("brick-interop build: {error:#}"));
             counts.failed += 1;
             return counts;
         }
@@ -116,7 +157,7 @@ pub fn suite(images: &Images, failures: &mut Vec<String>) -> Counts {
     ) {
         Ok(relay) => relay,
         Err(error) => {
-            failures.push(format!("brick-rping relay: {error:#}"));
+            failures.push(format!("brick-interop relay: {error:#}"));
             counts.failed += 1;
             return counts;
         }
@@ -134,29 +175,33 @@ pub fn suite(images: &Images, failures: &mut Vec<String>) -> Counts {
     let mut vm = match Vm::spawn(images, config).and_then(|mut vm| vm.wait_ready().map(|_| vm)) {
         Ok(vm) => vm,
         Err(error) => {
-            failures.push(format!("brick-rping VM: {error:#}"));
+            failures.push(format!("brick-interop VM: {error:#}"));
             counts.failed += 1;
             return counts;
         }
     };
-    let cases: [(&str, RpingCase); 2] = [
+    let cases: [(&str, InteropCase); 3] = [
         ("linux_client_brick_server", linux_client_brick_server),
         ("brick_client_linux_server", brick_client_linux_server),
+        (
+            "brick_initiator_linux_rnbd_server",
+            brick_initiator_linux_rnbd_server,
+        ),
     ];
     for (name, case) in cases {
         let start = Instant::now();
-        match case(&binary, &relay.b, &dir, &mut vm) {
+        match case(&tools, &relay.b, &dir, &mut vm) {
             Ok(()) => {
                 println!(
-                    "vm brick-rping {name} ... ok ({:.1} s)",
+                    "vm brick-interop {name} ... ok ({:.1} s)",
                     start.elapsed().as_secs_f64()
                 );
                 counts.passed += 1;
             }
             Err(error) => {
-                println!("vm brick-rping {name} ... FAILED");
+                println!("vm brick-interop {name} ... FAILED");
                 println!("{error:#}\n--- relay ---\n{}", relay.summary());
-                failures.push(format!("brick-rping {name}"));
+                failures.push(format!("brick-interop {name}"));
                 counts.failed += 1;
             }
         }
@@ -169,9 +214,9 @@ pub fn suite(images: &Images, failures: &mut Vec<String>) -> Counts {
 
 /// Linux `rping -c` against the Brick rping server: 3 pings of 3000 bytes
 /// (multi-packet READ responses and WRITEs at path MTU 1024), verified.
-fn linux_client_brick_server(binary: &Path, socket: &Path, dir: &Path, vm: &mut Vm) -> Result<()> {
-    let server = BrickRping::spawn(
-        binary,
+fn linux_client_brick_server(tools: &Tools, socket: &Path, dir: &Path, vm: &mut Vm) -> Result<()> {
+    let server = HostTool::rping(
+        &tools.rping,
         socket,
         dir.join("server.log"),
         &["server", "--count", "3"],
@@ -195,13 +240,13 @@ fn linux_client_brick_server(binary: &Path, socket: &Path, dir: &Path, vm: &mut 
 }
 
 /// The Brick rping client against Linux `rping -s` in the VM.
-fn brick_client_linux_server(binary: &Path, socket: &Path, dir: &Path, vm: &mut Vm) -> Result<()> {
+fn brick_client_linux_server(tools: &Tools, socket: &Path, dir: &Path, vm: &mut Vm) -> Result<()> {
     vm.run(
         &format!("modprobe rdma_ucm\nbg rps rping -s -a {LINUX_IP} -v -S 3000\nsleep 1\n"),
         Duration::from_secs(60),
     )?;
-    let client = BrickRping::spawn(
-        binary,
+    let client = HostTool::rping(
+        &tools.rping,
         socket,
         dir.join("client.log"),
         &[
@@ -221,4 +266,163 @@ fn brick_client_linux_server(binary: &Path, socket: &Path, dir: &Path, vm: &mut 
         bail!("Linux rping server did not see 3 pings:\n{server}\n--- Brick client ---\n{log}");
     }
     Ok(())
+}
+
+/// Brick's initiator against the Linux `rnbd_server` in the VM (brd disks
+/// of 64 MiB): `brick io verify` at 4 KiB and 128 KiB, a second session
+/// reading back what the first wrote, and a 5-second 4 KiB random-read
+/// benchmark at queue depth 8 whose JSON must report IOPS. The Linux
+/// server must have seen the sessions come and go without an error.
+fn brick_initiator_linux_rnbd_server(
+    tools: &Tools,
+    socket: &Path,
+    dir: &Path,
+    vm: &mut Vm,
+) -> Result<()> {
+    vm.run("serve_rnbd 2 64\n", Duration::from_secs(60))?;
+    let link = format!("frame:connect:{}", socket.display());
+    let common = |session: &str| -> Vec<String> {
+        [
+            "--link",
+            &link,
+            "--local",
+            &format!("{BRICK_IP}/24"),
+            "--mac",
+            BRICK_MAC,
+            "--target",
+            LINUX_IP,
+            "--session",
+            session,
+            "--volume",
+            "ram0",
+        ]
+        .iter()
+        .map(|a| a.to_string())
+        .collect()
+    };
+    let runs: [(&str, &str, &[&str]); 4] = [
+        (
+            "io",
+            "brick1",
+            &["verify", "--size", "4M", "--bs", "4k", "--pattern", "11"],
+        ),
+        (
+            "io",
+            "brick1",
+            &[
+                "verify",
+                "--offset",
+                "8M",
+                "--size",
+                "8M",
+                "--bs",
+                "128k",
+                "--pattern",
+                "12",
+            ],
+        ),
+        (
+            "io",
+            "brick2",
+            &[
+                "read",
+                "--offset",
+                "8M",
+                "--size",
+                "8M",
+                "--bs",
+                "128k",
+                "--pattern",
+                "12",
+            ],
+        ),
+        (
+            "bench",
+            "brick3",
+            &[
+                "--rw",
+                "randread",
+                "--bs",
+                "4k",
+                "--qd",
+                "8",
+                "--runtime",
+                "5",
+                "--size",
+                "16M",
+                "--json",
+            ],
+        ),
+    ];
+    let mut bench_json = String::new();
+    for (index, (command, session, args)) in runs.iter().enumerate() {
+        let mut all = vec![command.to_string()];
+        all.extend(common(session));
+        all.extend(args.iter().map(|a| a.to_string()));
+        step(format!("brick {}", all.join(" ")));
+        let tool = HostTool::spawn(
+            "brick",
+            &tools.cli,
+            dir.join(format!("brick-{index}.log")),
+            &all,
+        )?;
+        let log = tool.finish(Duration::from_secs(180))?;
+        for line in log.lines().filter(|l| !l.contains('\r')).take(20) {
+            println!("    {line}");
+        }
+        if *command == "bench" {
+            bench_json = log;
+        }
+    }
+    let json_line = bench_json
+        .lines()
+        .rev()
+        .find(|l| l.trim_start().starts_with('{'))
+        .with_context(|| format!("brick bench --json printed no JSON object:\n{bench_json}"))?;
+    let value: serde_json::Value =
+        serde_json::from_str(json_line).with_context(|| format!("parse {json_line}"))?;
+    let iops = find_number(&value, "iops").unwrap_or(0.0);
+    if iops <= 0.0 {
+        bail!("brick bench against rnbd_server reported no IOPS: {json_line}");
+    }
+    let kernel = vm.run(
+        "dmesg | grep -iE 'rnbd|rtrs' | tail -40",
+        Duration::from_secs(30),
+    )?;
+    let trouble: Vec<&str> = kernel
+        .lines()
+        .filter(|l| {
+            let l = l.to_ascii_lowercase();
+            // Whole words: the module banner says "always_invalidate".
+            let words: Vec<&str> = l
+                .split(|c: char| !c.is_ascii_alphanumeric() && c != '_')
+                .collect();
+            words
+                .iter()
+                .any(|w| matches!(*w, "error" | "err" | "failed" | "fail" | "invalid"))
+                && !l.contains("module verification failed")
+        })
+        .collect();
+    if !trouble.is_empty() {
+        bail!(
+            "the Linux server logged trouble with Brick's initiator:\n{}",
+            trouble.join("\n")
+        );
+    }
+    Ok(())
+}
+
+/// The first number under a key named `key` (any depth) in a JSON value.
+fn find_number(value: &serde_json::Value, key: &str) -> Option<f64> {
+    match value {
+        serde_json::Value::Object(map) => map.iter().find_map(|(k, v)| {
+            if k == key {
+                v.as_f64()
+            } else {
+                find_number(v, key)
+            }
+        }),
+        serde_json::Value::Array(items) => items.iter().find_map(|v| find_number(v, key)),
+        _ => None,
+    }
 }

@@ -31,8 +31,9 @@ struct Cli {
 enum Command {
     /// Run the tests: host tests plus the VM smoke suites (`--full`: everything).
     Test(suite::TestArgs),
-    /// Boot a target and map a volume from the Linux initiator VM.
-    Demo,
+    /// Start the hosted target with a demo volume and map it with Brick's
+    /// initiator on loopback (`--linux`: from the stock Linux client in a VM).
+    Demo(demo::DemoArgs),
     /// Build or run the Linux judge VMs.
     Vm {
         #[command(subcommand)]
@@ -63,7 +64,7 @@ fn main() {
     let cli = Cli::parse();
     let result: Result<()> = match cli.command {
         Command::Test(args) => suite::run(args),
-        Command::Demo => demo::run(),
+        Command::Demo(args) => demo::run(args),
         Command::Vm { command } => match command {
             VmCommand::Build => vmimage::Images::build().map(|images| images.describe()),
             VmCommand::Run { command, mtu } => demo::run_command(&command, mtu),

@@ -182,13 +182,13 @@ pub fn run(args: TestArgs) -> Result<()> {
                 if args
                     .filter
                     .as_deref()
-                    .is_none_or(|f| "brick-rping".contains(f))
+                    .is_none_or(|f| "brick-interop".contains(f))
                 {
                     let start = Instant::now();
                     let counts = crate::interop::suite(&images, &mut tally.failures);
                     tally
                         .suites
-                        .push(("vm brick-rping (interop)".into(), start.elapsed(), counts));
+                        .push(("vm brick-interop".into(), start.elapsed(), counts));
                 }
             }
         }
@@ -462,7 +462,7 @@ fn verify_mixed(bed: &mut Bed) -> Result<()> {
 fn rping_linux(bed: &mut Bed) -> Result<()> {
     if !bed.target.runs_scripts() {
         return Err(Skip(
-            "rping runs inside a Linux target VM; Brick's own rping is the brick-rping suite",
+            "rping runs inside a Linux target VM; Brick's own rping is the brick-interop suite",
         )
         .into());
     }
