@@ -58,7 +58,7 @@ fn build_tools() -> Result<(PathBuf, PathBuf)> {
 }
 
 /// A UDP port free on both 127.0.0.1 and 127.0.0.2 (4791 if it is).
-fn free_port() -> Result<u16> {
+pub(crate) fn free_port() -> Result<u16> {
     let free = |port: u16| {
         std::net::UdpSocket::bind(("127.0.0.1", port)).is_ok()
             && std::net::UdpSocket::bind(("127.0.0.2", port)).is_ok()
@@ -78,13 +78,14 @@ fn free_port() -> Result<u16> {
 }
 
 /// The target process; killed (SIGTERM, so it prints its statistics) on drop.
-struct TargetProcess {
-    child: Child,
-    log: PathBuf,
+pub(crate) struct TargetProcess {
+    pub(crate) child: Child,
+    pub(crate) log: PathBuf,
 }
 
 impl TargetProcess {
-    fn log(&self) -> String {
+    /// The process's output so far.
+    pub(crate) fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 }

@@ -57,14 +57,19 @@ fn build_cli() -> Result<PathBuf> {
 }
 
 /// A Brick tool process plugged into the relay's target side.
-struct HostTool {
+pub(crate) struct HostTool {
     name: &'static str,
     child: Child,
     log: PathBuf,
 }
 
 impl HostTool {
-    fn spawn(name: &'static str, binary: &Path, log: PathBuf, args: &[String]) -> Result<HostTool> {
+    pub(crate) fn spawn(
+        name: &'static str,
+        binary: &Path,
+        log: PathBuf,
+        args: &[String],
+    ) -> Result<HostTool> {
         let file = std::fs::File::create(&log)?;
         let child = Command::new(binary)
             .args(args)
@@ -92,7 +97,7 @@ impl HostTool {
 
     /// Waits for the process to exit; returns its log, failing on a
     /// non-zero status or a timeout.
-    fn finish(mut self, timeout: Duration) -> Result<String> {
+    pub(crate) fn finish(mut self, timeout: Duration) -> Result<String> {
         let deadline = Instant::now() + timeout;
         loop {
             if let Some(status) = self.child.try_wait()? {

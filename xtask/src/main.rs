@@ -7,7 +7,9 @@
 //! the side-by-side benchmark.
 
 mod bench;
+mod bench_initiator;
 mod demo;
+mod initiator_suite;
 mod interop;
 mod paths;
 mod qemu;
@@ -43,6 +45,8 @@ enum Command {
     Relay(relay::RelayArgs),
     /// The side-by-side benchmark: the same fio jobs against every target.
     BenchVm(bench::BenchArgs),
+    /// Brick's initiator (`brick bench`) against every target it reaches.
+    BenchInitiator(bench_initiator::BenchInitiatorArgs),
 }
 
 #[derive(Subcommand)]
@@ -71,6 +75,7 @@ fn main() {
         },
         Command::Relay(args) => relay::run_standalone(args),
         Command::BenchVm(args) => bench::run(args),
+        Command::BenchInitiator(args) => bench_initiator::run(args),
     };
     if let Err(error) = result {
         eprintln!("error: {error:#}");

@@ -1,7 +1,9 @@
 //! `cargo xtask test`: the two test tiers.
 //!
-//! Default (CI): lint, host tests, then one VM bed per target kind running
-//! the smoke cases. `--full`: every case, including multipath with a path
+//! Default (CI): lint, host tests, Brick's initiator against the hosted
+//! target as processes on this host (`initiator_suite`: a lossy link, a
+//! crash under IO), then one VM bed per target kind running the smoke
+//! cases and the interop suite. `--full`: every case, including multipath with a path
 //! cut, target restarts and the long verifies. Cases are written against a
 //! [`Bed`] ("a target at an address on a link"), so a new target kind only
 //! adds a line to [`target_kinds`]. Sizes suit TCG (~300 IOPS at 4 KiB):
@@ -149,6 +151,19 @@ pub fn run(args: TestArgs) -> Result<()> {
             })
         });
         suite(&mut tally, "host", || host_tests(args.full));
+    }
+    if !args.host_only
+        && args
+            .filter
+            .as_deref()
+            .is_none_or(|f| "brick-initiator".contains(f))
+        && args.targets.is_empty()
+    {
+        let start = Instant::now();
+        let counts = crate::initiator_suite::suite(&mut tally.failures);
+        tally
+            .suites
+            .push(("host brick-initiator".into(), start.elapsed(), counts));
     }
     if !args.host_only {
         match Images::build() {

@@ -1,0 +1,456 @@
+//! `cargo xtask bench-initiator`: Brick's userspace initiator (`brick
+//! bench`) measured against every target it reaches, as one table.
+//!
+//! Columns, all in one run:
+//!
+//! * **brick-target, UDP loopback**: the hosted target on 127.0.0.1, the
+//!   initiator on 127.0.0.2 (RoCEv2 payloads in UDP datagrams, no relay);
+//! * **brick-target, frame link**: the same target on a QEMU-framed Unix
+//!   socket (Ethernet frames), the initiator on the other end;
+//! * with the VM (default; `--no-vm` skips it): the Linux `rnbd_server`
+//!   over rdma_rxe in a VM (TCG) and the hosted Brick target, each behind
+//!   the judge's frame relay, the same initiator in front of both: there
+//!   the target is the bottleneck, which is the comparison.
+//!
+//! Beside them, the ceiling of the host's UDP loopback measured in the
+//! same run with plain sockets: a 4 KiB ping-pong between two threads
+//! (what QD1 could reach if RoCE cost nothing) and a one-way stream of
+//! 1,052-byte datagrams (one path-MTU-1024 RoCE packet each: what a
+//! transfer could reach). Not a test: it prints numbers.
+
+use crate::demo::{free_port, TargetProcess};
+use crate::interop::HostTool;
+use crate::qemu::{NicConfig, Vm, VmConfig};
+use crate::relay::Relay;
+use crate::util::step;
+use crate::vmimage::{Images, Overlays};
+use anyhow::{bail, Context, Result};
+use std::net::UdpSocket;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Arguments of `cargo xtask bench-initiator`.
+#[derive(clap::Args)]
+pub struct BenchInitiatorArgs {
+    /// Seconds per workload.
+    #[arg(long, default_value_t = 10)]
+    runtime: u32,
+    /// Skip the VM columns (Linux rnbd_server, Brick behind the relay).
+    #[arg(long)]
+    no_vm: bool,
+}
+
+/// One `brick bench` workload.
+struct Workload {
+    name: &'static str,
+    rw: &'static str,
+    bs: &'static str,
+    qd: u32,
+}
+
+const WORKLOADS: &[Workload] = &[
+    Workload {
+        name: "4k randread QD1",
+        rw: "randread",
+        bs: "4k",
+        qd: 1,
+    },
+    Workload {
+        name: "4k randread QD32",
+        rw: "randread",
+        bs: "4k",
+        qd: 32,
+    },
+    Workload {
+        name: "4k randwrite QD32",
+        rw: "randwrite",
+        bs: "4k",
+        qd: 32,
+    },
+    Workload {
+        name: "128k seq read QD8",
+        rw: "read",
+        bs: "128k",
+        qd: 8,
+    },
+    Workload {
+        name: "128k seq write QD8",
+        rw: "write",
+        bs: "128k",
+        qd: 8,
+    },
+];
+
+/// One measured workload.
+#[derive(Clone, Copy, Debug, Default)]
+struct Sample {
+    iops: f64,
+    mb_s: f64,
+    p50_us: f64,
+    p99_us: f64,
+    p999_us: f64,
+    errors: u64,
+}
+
+/// How the initiator reaches a target: the CLI's connection options.
+struct Endpoint {
+    name: &'static str,
+    connection: Vec<String>,
+}
+
+fn strings(items: &[&str]) -> Vec<String> {
+    items.iter().map(|s| s.to_string()).collect()
+}
+
+/// Builds brick-target and the brick CLI (release).
+fn build() -> Result<(PathBuf, PathBuf)> {
+    step("building brick-target and the brick CLI (release)");
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    crate::util::run(Command::new(cargo).current_dir(crate::paths::repo()).args([
+        "build",
+        "--release",
+        "-p",
+        "brick-target-image",
+        "--bin",
+        "brick-target",
+        "-p",
+        "brick-cli",
+    ]))?;
+    let release = crate::paths::repo().join("target/release");
+    Ok((release.join("brick-target"), release.join("brick")))
+}
+
+/// Starts brick-target with `manifest` and `link`; waits until it listens.
+fn start_target(binary: &Path, manifest: &Path, link: &str, log: PathBuf) -> Result<TargetProcess> {
+    let file = std::fs::File::create(&log)?;
+    let child = Command::new(binary)
+        .args([
+            "--manifest",
+            &manifest.display().to_string(),
+            "--link",
+            link,
+        ])
+        .stdin(Stdio::null())
+        .stdout(file.try_clone()?)
+        .stderr(file)
+        .spawn()
+        .context("start brick-target")?;
+    let target = TargetProcess { child, log };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !target.log().contains("listening") {
+        if Instant::now() > deadline {
+            bail!("brick-target did not start in 10 s:\n{}", target.log());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(target)
+}
+
+/// Runs every workload against `endpoint`, printing one line each.
+fn run_workloads(
+    cli: &Path,
+    endpoint: &Endpoint,
+    volume: &str,
+    runtime: u32,
+    dir: &Path,
+) -> Result<Vec<Sample>> {
+    let mut samples = Vec::new();
+    for (index, workload) in WORKLOADS.iter().enumerate() {
+        let mut args = vec!["bench".to_string()];
+        args.extend(endpoint.connection.iter().cloned());
+        args.extend(strings(&[
+            "--session",
+            &format!("bench{index}"),
+            "--volume",
+            volume,
+            "--rw",
+            workload.rw,
+            "--bs",
+            workload.bs,
+            "--qd",
+            &workload.qd.to_string(),
+            "--runtime",
+            &runtime.to_string(),
+            "--size",
+            "64M",
+            "--json",
+        ]));
+        let log = dir.join(format!(
+            "{}-{index}.log",
+            endpoint.name.replace([' ', ','], "_")
+        ));
+        let tool = HostTool::spawn("brick bench", cli, log, &args)?;
+        let output = tool.finish(Duration::from_secs(u64::from(runtime) + 120))?;
+        let sample = parse_bench(&output, workload.rw)?;
+        println!(
+            "  {:<28} {:<20} {:>9.0} IOPS {:>8.1} MB/s  p50 {:>8.1} us  p99 {:>8.1} us  errors {}",
+            endpoint.name,
+            workload.name,
+            sample.iops,
+            sample.mb_s,
+            sample.p50_us,
+            sample.p99_us,
+            sample.errors
+        );
+        samples.push(sample);
+    }
+    Ok(samples)
+}
+
+/// Reads the direction `rw` needs out of `brick bench --json`.
+fn parse_bench(output: &str, rw: &str) -> Result<Sample> {
+    let line = output
+        .lines()
+        .rev()
+        .find(|l| l.trim_start().starts_with('{'))
+        .with_context(|| format!("brick bench printed no JSON:\n{output}"))?;
+    let value: serde_json::Value =
+        serde_json::from_str(line).with_context(|| format!("parse {line}"))?;
+    let direction = if rw.contains("write") {
+        "write"
+    } else {
+        "read"
+    };
+    let side = &value[direction];
+    let number = |v: &serde_json::Value| v.as_f64().unwrap_or(0.0);
+    let latency = &side["latency_ns"];
+    Ok(Sample {
+        iops: number(&side["iops"]),
+        mb_s: number(&side["mb_per_s"]),
+        p50_us: number(&latency["p50"]) / 1e3,
+        p99_us: number(&latency["p99"]) / 1e3,
+        p999_us: number(&latency["p99_9"]) / 1e3,
+        errors: value["errors"].as_u64().unwrap_or(0),
+    })
+}
+
+/// The raw UDP loopback ceiling: (ping-pong round trips/s, p50 us, p99 us)
+/// with 4 KiB datagrams, and one-way MB/s with 1,052-byte datagrams.
+fn udp_ceiling(seconds: u32) -> Result<(f64, f64, f64, f64)> {
+    let a = UdpSocket::bind("127.0.0.1:0")?;
+    let b = UdpSocket::bind("127.0.0.2:0")?;
+    let (a_addr, b_addr) = (a.local_addr()?, b.local_addr()?);
+    let duration = Duration::from_secs(u64::from(seconds).max(1));
+    // Ping-pong: b echoes, a measures.
+    let echo = b.try_clone()?;
+    echo.set_read_timeout(Some(Duration::from_millis(200)))?;
+    let echo_thread = std::thread::spawn(move || {
+        let mut buffer = vec![0u8; 65536];
+        while let Ok((len, from)) = echo.recv_from(&mut buffer) {
+            if len == 1 {
+                break;
+            }
+            let _ = echo.send_to(&buffer[..len], from);
+        }
+    });
+    let payload = vec![0x5a; 4096];
+    let mut reply = vec![0u8; 65536];
+    let mut latencies = Vec::with_capacity(1 << 20);
+    let start = Instant::now();
+    while start.elapsed() < duration {
+        let sent = Instant::now();
+        a.send_to(&payload, b_addr)?;
+        a.recv_from(&mut reply)?;
+        latencies.push(sent.elapsed().as_nanos() as f64 / 1e3);
+    }
+    let round_trips = latencies.len() as f64 / start.elapsed().as_secs_f64();
+    a.send_to(&[0], b_addr)?;
+    let _ = echo_thread.join();
+    latencies.sort_by(f64::total_cmp);
+    let percentile = |p: f64| latencies[((latencies.len() as f64 - 1.0) * p) as usize];
+    let (p50, p99) = (percentile(0.5), percentile(0.99));
+    // Stream: a sends as fast as b drains; count what b received.
+    let receiver = b.try_clone()?;
+    receiver.set_read_timeout(Some(Duration::from_millis(200)))?;
+    let counter = std::thread::spawn(move || {
+        let mut buffer = vec![0u8; 2048];
+        let mut bytes = 0u64;
+        let started = Instant::now();
+        while let Ok((len, _)) = receiver.recv_from(&mut buffer) {
+            if len == 1 {
+                break;
+            }
+            bytes += len as u64;
+        }
+        (bytes, started.elapsed())
+    });
+    let datagram = vec![0xa5; 1052];
+    let start = Instant::now();
+    while start.elapsed() < duration {
+        for _ in 0..64 {
+            let _ = a.send_to(&datagram, b_addr);
+        }
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    a.send_to(&[0], b_addr)?;
+    let (bytes, _) = counter
+        .join()
+        .map_err(|_| anyhow::anyhow!("UDP stream thread panicked"))?;
+    let _ = a_addr;
+    Ok((
+        round_trips,
+        p50,
+        p99,
+        bytes as f64 / 1e6 / start.elapsed().as_secs_f64(),
+    ))
+}
+
+pub fn run(args: BenchInitiatorArgs) -> Result<()> {
+    let (target_binary, cli) = build()?;
+    let dir = crate::paths::scratch("bench-initiator");
+    let repo = crate::paths::repo();
+    let mut columns: Vec<(&'static str, Vec<Sample>)> = Vec::new();
+
+    // UDP loopback.
+    let port = free_port()?;
+    step(format!(
+        "brick-target on udp:127.0.0.1:{port} (examples/loopback.toml)"
+    ));
+    {
+        let _target = start_target(
+            &target_binary,
+            &repo.join("examples/loopback.toml"),
+            &format!("udp:127.0.0.1:{port}"),
+            dir.join("target-udp.log"),
+        )?;
+        let endpoint = Endpoint {
+            name: "brick-target, UDP loopback",
+            connection: strings(&[
+                "--link",
+                &format!("udp:127.0.0.2:{port}"),
+                "--target",
+                "127.0.0.1",
+            ]),
+        };
+        columns.push((
+            endpoint.name,
+            run_workloads(&cli, &endpoint, "vol0", args.runtime, &dir)?,
+        ));
+    }
+
+    // Frame link (a Unix socket, Ethernet frames in QEMU's framing).
+    let socket = dir.join("frame.sock");
+    step(format!(
+        "brick-target on frame:listen:{} (examples/two-ram-volumes.toml)",
+        socket.display()
+    ));
+    {
+        let _target = start_target(
+            &target_binary,
+            &repo.join("examples/two-ram-volumes.toml"),
+            &format!("frame:listen:{}", socket.display()),
+            dir.join("target-frame.log"),
+        )?;
+        let endpoint = Endpoint {
+            name: "brick-target, frame link",
+            connection: strings(&[
+                "--link",
+                &format!("frame:connect:{}", socket.display()),
+                "--local",
+                "10.77.0.2/24",
+                "--target",
+                "10.77.0.1",
+            ]),
+        };
+        columns.push((
+            endpoint.name,
+            run_workloads(&cli, &endpoint, "vol0", args.runtime, &dir)?,
+        ));
+    }
+
+    if !args.no_vm {
+        let images = Images::build()?;
+        let relay = Relay::start(&dir.join("a.sock"), &dir.join("b.sock"), 11, None)?;
+        let through_relay = Endpoint {
+            name: "",
+            connection: strings(&[
+                "--link",
+                &format!("frame:connect:{}", relay.a.display()),
+                "--local",
+                "10.77.0.2/24",
+                "--target",
+                "10.77.0.1",
+            ]),
+        };
+        step("booting the Linux rnbd_server VM (QEMU, TCG) behind the relay");
+        let mut config = VmConfig::new("bench-linux-target");
+        config.overlays = Overlays {
+            fio: false,
+            rping: false,
+        };
+        config.nics = vec![NicConfig {
+            socket: relay.b.clone(),
+            mac: "52:54:00:77:00:01".into(),
+            address: "10.77.0.1/24".into(),
+        }];
+        let mut vm = Vm::spawn(&images, config)?;
+        vm.wait_ready()?;
+        vm.run("serve_rnbd 1 128\n", Duration::from_secs(60))?;
+        let endpoint = Endpoint {
+            name: "linux rnbd_server (VM), relay",
+            ..through_relay
+        };
+        columns.push((
+            endpoint.name,
+            run_workloads(&cli, &endpoint, "ram0", args.runtime, &dir)?,
+        ));
+        drop(vm);
+        std::thread::sleep(Duration::from_millis(300));
+        step("brick-target behind the same relay");
+        let _target = start_target(
+            &target_binary,
+            &repo.join("examples/two-ram-volumes.toml"),
+            &format!("frame:connect:{}", relay.b.display()),
+            dir.join("target-relay.log"),
+        )?;
+        let endpoint = Endpoint {
+            name: "brick-target, relay",
+            connection: endpoint.connection,
+        };
+        columns.push((
+            endpoint.name,
+            run_workloads(&cli, &endpoint, "vol0", args.runtime, &dir)?,
+        ));
+    }
+
+    step(format!(
+        "raw UDP loopback ceiling ({} s each)",
+        args.runtime.min(5)
+    ));
+    let (round_trips, rtt_p50, rtt_p99, stream_mb_s) = udp_ceiling(args.runtime.min(5))?;
+
+    println!();
+    println!(
+        "brick bench, {} s per workload; IOPS / MB/s / p50 / p99 / p99.9 latency (us)",
+        args.runtime
+    );
+    for (index, workload) in WORKLOADS.iter().enumerate() {
+        println!("{}", workload.name);
+        for (name, samples) in &columns {
+            let s = samples[index];
+            println!(
+                "  {name:<32} {:>9.0} IOPS {:>8.1} MB/s  p50 {:>8.1}  p99 {:>8.1}  p99.9 {:>8.1}{}",
+                s.iops,
+                s.mb_s,
+                s.p50_us,
+                s.p99_us,
+                s.p999_us,
+                if s.errors > 0 {
+                    format!("  ({} errors)", s.errors)
+                } else {
+                    String::new()
+                }
+            );
+        }
+    }
+    println!("raw UDP loopback, same run:");
+    println!(
+        "  4 KiB ping-pong                  {round_trips:>9.0} round trips/s  p50 {rtt_p50:.1} us  p99 {rtt_p99:.1} us"
+    );
+    println!("  1,052-byte datagram stream       {stream_mb_s:>9.1} MB/s one way");
+    if std::env::var_os("BRICK_KEEP_SCRATCH").is_none() {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    Ok(())
+}
