@@ -7,6 +7,14 @@
 //! offset, so `read` in a later process checks what an earlier `write`
 //! left, and a misplaced, stale or foreign block is named as such. One
 //! buffer of `--bs` bytes is allocated up front and reused.
+//!
+//! `--random COUNT` replaces the walk by COUNT pieces at random
+//! block-aligned offsets inside the range, each of a random length from
+//! `--min-bs` to `--bs` (whole blocks): because the pattern depends only on
+//! the position, overlapping pieces agree, and `verify` reads every piece
+//! back after the writes and their FLUSH. The pieces come from a generator
+//! seeded with `--pattern`, so a later `read --random` with the same
+//! options checks the same pieces.
 
 use std::io::Write;
 use std::time::{Duration, Instant};
@@ -67,6 +75,13 @@ pub struct IoArgs {
     /// failing on a mismatch.
     #[arg(long)]
     pub dump: bool,
+    /// COUNT pieces at random offsets in the range, of random lengths from
+    /// --min-bs to --bs, instead of walking it in order.
+    #[arg(long, value_name = "COUNT")]
+    pub random: Option<u64>,
+    /// Shortest random piece (default: the volume's block size).
+    #[arg(long, value_parser = parse_bytes)]
+    pub min_bs: Option<u64>,
 }
 
 /// `brick io` found data that is not the pattern.
@@ -148,6 +163,12 @@ pub fn run(args: &IoArgs) -> Result<()> {
     if args.dump && args.operation != Operation::Read {
         bail!("--dump goes with read; found {:?}", args.operation);
     }
+    if args.dump && args.random.is_some() {
+        bail!("--dump walks the range in order; it does not go with --random");
+    }
+    if args.min_bs.is_some() && args.random.is_none() {
+        bail!("--min-bs goes with --random COUNT");
+    }
     let bs = args.bs.min(args.size);
     let max_transfer = bs.next_multiple_of(4096).clamp(4096, MAX_TRANSFER) as u32;
     let spec = args.connect.spec(32, max_transfer)?;
@@ -184,6 +205,34 @@ fn run_open(args: &IoArgs, bs: u64, volume: &Volume) -> Result<()> {
         args.connect.link
     );
     let mut buffer = vec![0u8; bs as usize];
+    if let Some(count) = args.random {
+        let block = u64::from(info.logical_block_size.max(1));
+        let min = args.min_bs.unwrap_or(block);
+        if min == 0 || min % block != 0 || min > bs {
+            bail!(
+                "--min-bs {min}: expected a multiple of the {block}-byte block size, at most --bs {bs}"
+            );
+        }
+        let random = RandomPass {
+            volume,
+            offset: args.offset,
+            size: args.size,
+            seed: args.seed,
+            count,
+            min,
+            max: bs,
+            block,
+        };
+        match args.operation {
+            Operation::Write => random.write(&mut buffer, args.fua)?,
+            Operation::Read => random.read(&mut buffer)?,
+            Operation::Verify => {
+                random.write(&mut buffer, args.fua)?;
+                random.read(&mut buffer)?;
+            }
+        }
+        return Ok(());
+    }
     let pass = Pass {
         volume,
         offset: args.offset,
@@ -323,6 +372,119 @@ impl Pass<'_> {
             elapsed,
             &format!(", {differing} pieces differ from the pattern"),
         );
+        Ok(())
+    }
+}
+
+/// COUNT random pieces inside a range (see the module docs).
+struct RandomPass<'a> {
+    volume: &'a Volume,
+    offset: u64,
+    size: u64,
+    seed: u64,
+    count: u64,
+    min: u64,
+    max: u64,
+    block: u64,
+}
+
+impl RandomPass<'_> {
+    /// The `index`-th piece: (offset, length), block-aligned, inside the
+    /// range; the same for the same options in any process.
+    fn piece(&self, index: u64) -> (u64, u64) {
+        let mut state = self
+            .seed
+            .wrapping_mul(0x9e37_79b9_7f4a_7c15)
+            .wrapping_add(index.wrapping_mul(0xbf58_476d_1ce4_e5b9))
+            | 1;
+        let mut next = || {
+            // xorshift64*
+            state ^= state >> 12;
+            state ^= state << 25;
+            state ^= state >> 27;
+            state.wrapping_mul(0x2545_f491_4f6c_dd1d)
+        };
+        let blocks = (self.max.min(self.size) - self.min) / self.block + 1;
+        let len = self.min + (next() % blocks) * self.block;
+        let slots = (self.size - len) / self.block + 1;
+        let offset = self.offset + (next() % slots) * self.block;
+        (offset, len)
+    }
+
+    /// Runs `each` on every piece with a progress line; returns (bytes, time).
+    fn walk(
+        &self,
+        verb: &str,
+        buffer: &mut [u8],
+        mut each: impl FnMut(u64, &mut [u8]) -> Result<()>,
+    ) -> Result<(u64, Duration)> {
+        let start = Instant::now();
+        let mut progress = Progress::new();
+        let mut bytes = 0u64;
+        for index in 0..self.count {
+            let (offset, len) = self.piece(index);
+            each(offset, &mut buffer[..len as usize])?;
+            bytes += len;
+            progress.tick(|elapsed| {
+                format!(
+                    "{verb}: {} of {} pieces ({:.0}%), {:.1} MB/s",
+                    index + 1,
+                    self.count,
+                    (index + 1) as f64 * 100.0 / self.count as f64,
+                    megabytes_per_second(bytes, elapsed)
+                )
+            });
+        }
+        progress.finish();
+        Ok((bytes, start.elapsed()))
+    }
+
+    fn report(&self, what: &str, bytes: u64, elapsed: Duration, extra: &str) {
+        println!(
+            "{what} {} random pieces of {}..{} ({} bytes) in {} at offset {} in {:.3} ms: {:.1} MB/s (seed {}{extra})",
+            self.count,
+            format_bytes(self.min),
+            format_bytes(self.max.min(self.size)),
+            bytes,
+            format_bytes(self.size),
+            self.offset,
+            elapsed.as_secs_f64() * 1e3,
+            megabytes_per_second(bytes, elapsed),
+            self.seed
+        );
+    }
+
+    fn write(&self, buffer: &mut [u8], fua: bool) -> Result<()> {
+        let (bytes, elapsed) = self.walk("write", buffer, |offset, piece| {
+            pattern::fill(self.seed, offset, piece);
+            self.volume
+                .write(offset, piece, fua)
+                .with_context(|| format!("write of {} bytes at offset {offset}", piece.len()))
+        })?;
+        let flush_start = Instant::now();
+        if !fua {
+            self.volume.flush().context("flush after the writes")?;
+        }
+        self.report(
+            "wrote",
+            bytes,
+            elapsed + flush_start.elapsed(),
+            if fua { ", FUA" } else { ", then flushed" },
+        );
+        Ok(())
+    }
+
+    fn read(&self, buffer: &mut [u8]) -> Result<()> {
+        let (bytes, elapsed) = self.walk("read", buffer, |offset, piece| {
+            self.volume
+                .read(offset, piece)
+                .with_context(|| format!("read of {} bytes at offset {offset}", piece.len()))?;
+            match pattern::check(self.seed, offset, piece) {
+                None => Ok(()),
+                Some(mismatch) => Err(DataMismatch(mismatch).into()),
+            }
+        })?;
+        self.report("read and checked", bytes, elapsed, "");
         Ok(())
     }
 }
