@@ -140,8 +140,9 @@ impl Rig {
 const RAM_MANIFEST: &str = include_str!("../../examples/two-ram-volumes.toml");
 
 /// 0.5 % drop, 1 % reorder, 1 % duplicate of RoCE frames, both directions:
-/// `brick io verify` at 4 KiB and 1 MiB, then a second session reading the
-/// first region back. The relay must have applied every kind of fault.
+/// `brick io verify` at 4 KiB, then 150 pieces of 512 B to 1 MiB at random
+/// offsets, then a second session reading the first region back. The relay
+/// must have applied every kind of fault.
 fn lossy_verify(target: &Path, cli: &Path, dir: &Path) -> Result<()> {
     let rig = Rig::new(target, cli, dir, "lossy", RAM_MANIFEST)?;
     for direction in [A_TO_B, B_TO_A] {
@@ -163,7 +164,7 @@ fn lossy_verify(target: &Path, cli: &Path, dir: &Path) -> Result<()> {
                 "vol0",
                 "verify",
                 "--size",
-                "8M",
+                "4M",
                 "--bs",
                 "4k",
                 "--pattern",
@@ -182,6 +183,10 @@ fn lossy_verify(target: &Path, cli: &Path, dir: &Path) -> Result<()> {
                 "32M",
                 "--bs",
                 "1M",
+                "--min-bs",
+                "512",
+                "--random",
+                "150",
                 "--pattern",
                 "22",
             ],
@@ -193,7 +198,7 @@ fn lossy_verify(target: &Path, cli: &Path, dir: &Path) -> Result<()> {
                 "vol0",
                 "read",
                 "--size",
-                "8M",
+                "4M",
                 "--bs",
                 "64k",
                 "--pattern",
