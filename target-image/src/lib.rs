@@ -60,6 +60,7 @@ extern crate alloc;
 #[cfg(feature = "std")]
 extern crate std;
 
+pub mod boot;
 #[cfg(feature = "std")]
 pub mod hosted;
 

@@ -9,6 +9,7 @@
 mod bench;
 mod bench_initiator;
 mod demo;
+mod image;
 mod initiator_suite;
 mod interop;
 mod paths;
@@ -36,6 +37,10 @@ enum Command {
     /// Start the hosted target with a demo volume and map it with Brick's
     /// initiator on loopback (`--linux`: from the stock Linux client in a VM).
     Demo(demo::DemoArgs),
+    /// Build the bare-metal image (x86_64-unknown-none, PVH) and print its path.
+    Image,
+    /// Build the image and boot it under QEMU with a manifest (fw_cfg).
+    RunImage(image::RunImageArgs),
     /// Build or run the Linux judge VMs.
     Vm {
         #[command(subcommand)]
@@ -69,6 +74,8 @@ fn main() {
     let result: Result<()> = match cli.command {
         Command::Test(args) => suite::run(args),
         Command::Demo(args) => demo::run(args),
+        Command::Image => image::run_build(),
+        Command::RunImage(args) => image::run(args),
         Command::Vm { command } => match command {
             VmCommand::Build => vmimage::Images::build().map(|images| images.describe()),
             VmCommand::Run { command, mtu } => demo::run_command(&command, mtu),

@@ -1,0 +1,178 @@
+//! PCI configuration space through the legacy ports 0xcf8/0xcfc.
+//!
+//! [`enumerate`] walks bus 0 and every bus behind a PCI-to-PCI bridge the
+//! firmware numbered (a bridge's secondary bus is always above its own, so
+//! one ascending pass finds them all), each device and function, and
+//! reports each function's ids, class and the BARs the firmware (SeaBIOS)
+//! assigned.
+//! BARs are decoded, not sized (sizing writes the BAR; drivers do it when
+//! they claim a device).
+
+#![allow(unsafe_code)]
+
+use core::fmt;
+
+use crate::port::{inl, outl};
+
+const CONFIG_ADDRESS: u16 = 0xcf8;
+const CONFIG_DATA: u16 = 0xcfc;
+
+/// A PCI function's address.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct Address {
+    /// Bus 0-255.
+    pub bus: u8,
+    /// Device 0-31.
+    pub device: u8,
+    /// Function 0-7.
+    pub function: u8,
+}
+
+impl fmt::Display for Address {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:02x}:{:02x}.{}", self.bus, self.device, self.function)
+    }
+}
+
+/// Reads the config dword at `offset` (rounded down to 4) of `address`.
+pub fn read_config(address: Address, offset: u8) -> u32 {
+    let selector = 0x8000_0000
+        | (u32::from(address.bus) << 16)
+        | (u32::from(address.device & 0x1f) << 11)
+        | (u32::from(address.function & 0x7) << 8)
+        | u32::from(offset & 0xfc);
+    // SAFETY: the image owns the PCI configuration mechanism #1 ports;
+    // selecting a register has no effect of its own.
+    unsafe { outl(CONFIG_ADDRESS, selector) };
+    // SAFETY: as above; reading config registers has no side effects
+    // (the status register's write-1-to-clear bits are untouched by reads).
+    unsafe { inl(CONFIG_DATA) }
+}
+
+/// A decoded base address register.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Bar {
+    /// I/O ports from this base.
+    Io(u32),
+    /// Memory at this address.
+    Memory {
+        /// Base address.
+        address: u64,
+        /// A 64-bit BAR (takes two slots).
+        wide: bool,
+        /// Prefetchable.
+        prefetchable: bool,
+    },
+}
+
+impl fmt::Display for Bar {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Bar::Io(base) => write!(f, "io {base:#x}"),
+            Bar::Memory {
+                address,
+                wide,
+                prefetchable,
+            } => write!(
+                f,
+                "mem{} {address:#x}{}",
+                if *wide { "64" } else { "32" },
+                if *prefetchable { " pref" } else { "" }
+            ),
+        }
+    }
+}
+
+/// One PCI function.
+#[derive(Clone, Copy, Debug)]
+pub struct Function {
+    /// Where it is.
+    pub address: Address,
+    /// Vendor id.
+    pub vendor: u16,
+    /// Device id.
+    pub device: u16,
+    /// Class, subclass, programming interface.
+    pub class: [u8; 3],
+    /// BARs 0-5 (`None`: unimplemented, unassigned, or the upper half of a
+    /// 64-bit BAR).
+    pub bars: [Option<Bar>; 6],
+}
+
+fn bars(address: Address, count: u8) -> [Option<Bar>; 6] {
+    let mut bars = [None; 6];
+    let mut i = 0u8;
+    while i < count {
+        let raw = read_config(address, 0x10 + 4 * i);
+        let slot = usize::from(i);
+        i += 1;
+        if raw & 1 == 1 {
+            let base = raw & !0x3;
+            bars[slot] = (base != 0).then_some(Bar::Io(base));
+            continue;
+        }
+        let wide = (raw >> 1) & 0x3 == 0x2;
+        let mut value = u64::from(raw & !0xf);
+        if wide && i < count {
+            value |= u64::from(read_config(address, 0x10 + 4 * i)) << 32;
+            i += 1;
+        }
+        bars[slot] = (value != 0).then_some(Bar::Memory {
+            address: value,
+            wide,
+            prefetchable: raw & 0x8 != 0,
+        });
+    }
+    bars
+}
+
+/// Calls `found` for every present function.
+pub fn enumerate(mut found: impl FnMut(&Function)) {
+    let mut pending = [false; 256];
+    pending[0] = true;
+    for bus in 0..=255u8 {
+        if !pending[usize::from(bus)] {
+            continue;
+        }
+        for device in 0..32u8 {
+            for function in 0..8u8 {
+                let address = Address {
+                    bus,
+                    device,
+                    function,
+                };
+                let ids = read_config(address, 0);
+                if ids & 0xffff == 0xffff {
+                    if function == 0 {
+                        break;
+                    }
+                    continue;
+                }
+                let class = read_config(address, 0x08).to_le_bytes();
+                let header = (read_config(address, 0x0c) >> 16) as u8;
+                let bar_count = match header & 0x7f {
+                    0 => 6,
+                    1 => {
+                        // Bus numbers register: primary, secondary, subordinate.
+                        let secondary = (read_config(address, 0x18) >> 8) as u8;
+                        if secondary > bus {
+                            pending[usize::from(secondary)] = true;
+                        }
+                        2
+                    }
+                    _ => 0,
+                };
+                found(&Function {
+                    address,
+                    vendor: ids as u16,
+                    device: (ids >> 16) as u16,
+                    class: [class[3], class[2], class[1]],
+                    bars: bars(address, bar_count),
+                });
+                if function == 0 && header & 0x80 == 0 {
+                    break;
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,278 @@
+//! `cargo xtask image` and `cargo xtask run-image`: the bare-metal image.
+//!
+//! `image` builds `brick-image` (target-image's `image` feature) for
+//! `x86_64-unknown-none` in release, installing the target with rustup if
+//! it is missing. The non-PIE link at 1 MiB comes from the workspace's
+//! `.cargo/config.toml` (`[target.x86_64-unknown-none] rustflags`) and
+//! `linker/brick-image.ld` (target-image's build.rs); the result is checked
+//! to be a fixed-address executable.
+//!
+//! `run-image` compiles a manifest (TOML) to its binary form, boots the
+//! image under QEMU (TCG) with the blob as fw_cfg `opt/brick/manifest`,
+//! streams the serial console and exits with the image's verdict: 0 when
+//! the boot checks pass (QEMU status 33 from `isa-debug-exit`), else
+//! QEMU's status (35 panic, 37 refused manifest, 39 not enough memory) or
+//! 124 on timeout. `--blob` passes a binary manifest as is and
+//! `--flip-byte N` corrupts one byte, to exercise the refusal path.
+
+use crate::paths;
+use crate::util;
+use anyhow::{bail, Context, Result};
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The image's target triple.
+pub const TARGET: &str = "x86_64-unknown-none";
+
+/// `cargo xtask run-image` options.
+#[derive(clap::Args)]
+pub struct RunImageArgs {
+    /// The manifest (TOML) to compile and hand to the image.
+    #[arg(long, conflicts_with = "blob")]
+    manifest: Option<PathBuf>,
+    /// A binary manifest handed to the image as is (no checks).
+    #[arg(long)]
+    blob: Option<PathBuf>,
+    /// Test hook: invert every bit of this byte of the blob before boot.
+    #[arg(long)]
+    flip_byte: Option<usize>,
+    /// Seconds before QEMU is killed.
+    #[arg(long, default_value_t = 60)]
+    timeout: u64,
+    /// Guest memory in MiB (default: what the manifest preallocates plus
+    /// room for the image, at least 512).
+    #[arg(long)]
+    memory: Option<u64>,
+    /// The image's command line (`idle`: stay in the idle loop, no exit).
+    #[arg(long)]
+    append: Option<String>,
+    /// Boot the last built image instead of building it first.
+    #[arg(long)]
+    no_build: bool,
+}
+
+/// How QEMU's exit status reads (`isa-debug-exit`: `(code << 1) | 1`).
+fn verdict(status: i32) -> &'static str {
+    match status {
+        33 => "boot checks passed",
+        35 => "panic or CPU exception in the image",
+        37 => "the image refused the manifest",
+        39 => "the manifest does not fit in the guest's memory",
+        _ => "QEMU failed or was stopped",
+    }
+}
+
+fn target_installed() -> Result<bool> {
+    let installed = util::output(Command::new("rustup").args(["target", "list", "--installed"]))
+        .context("`rustup` is needed to install the image target (https://rustup.rs)")?;
+    Ok(installed.lines().any(|line| line.trim() == TARGET))
+}
+
+fn ensure_target() -> Result<()> {
+    if target_installed()? {
+        return Ok(());
+    }
+    util::step(format!("rustup target add {TARGET}"));
+    util::run(Command::new("rustup").args(["target", "add", TARGET])).with_context(|| {
+        format!(
+            "could not install the Rust target {TARGET} (offline?); \
+             install it with `rustup target add {TARGET}` and retry"
+        )
+    })?;
+    Ok(())
+}
+
+/// Builds the image and returns its path.
+pub fn build() -> Result<PathBuf> {
+    ensure_target()?;
+    util::step(format!("building brick-image ({TARGET}, release)"));
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let status = Command::new(cargo)
+        .current_dir(paths::repo())
+        .args([
+            "build",
+            "--release",
+            "--package",
+            "brick-target-image",
+            "--no-default-features",
+            "--features",
+            "image",
+            "--bin",
+            "brick-image",
+            "--target",
+            TARGET,
+        ])
+        .status()
+        .context("could not start cargo")?;
+    if !status.success() {
+        bail!("building brick-image failed ({status})");
+    }
+    let image = target_dir()
+        .join(TARGET)
+        .join("release")
+        .join("brick-image");
+    check_elf(&image)?;
+    Ok(image)
+}
+
+fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| paths::repo().join("target"))
+}
+
+/// The image must be a fixed-address 64-bit ELF executable (`ET_EXEC`):
+/// QEMU's PVH loader places segments at their physical addresses.
+fn check_elf(image: &Path) -> Result<()> {
+    let bytes = std::fs::read(image).with_context(|| format!("cannot read {}", image.display()))?;
+    if bytes.len() < 18 || &bytes[..4] != b"\x7fELF" || bytes[4] != 2 {
+        bail!("{} is not a 64-bit ELF", image.display());
+    }
+    let kind = u16::from_le_bytes([bytes[16], bytes[17]]);
+    if kind != 2 {
+        bail!(
+            "{} is not a fixed-address executable (ELF type {kind}); is RUSTFLAGS \
+             overriding `-C relocation-model=static` from .cargo/config.toml?",
+            image.display()
+        );
+    }
+    Ok(())
+}
+
+/// `cargo xtask image`.
+pub fn run_build() -> Result<()> {
+    let image = build()?;
+    let size = std::fs::metadata(&image)?.len();
+    println!(
+        "{} ({size} bytes, {} KiB)",
+        image.display(),
+        size.div_ceil(1024)
+    );
+    Ok(())
+}
+
+/// Guest memory (MiB) for a manifest: the pool (chunk pools + 16 MiB of
+/// rings, 2 MiB-aligned), the RAM volumes, the 8 MiB boot heap and 64 MiB
+/// for the image and firmware holes. Mirrors target-image's `boot::pool`.
+fn guest_mib(blob: &[u8]) -> u64 {
+    const MIB: u64 = 1 << 20;
+    let Ok(manifest) = manifest::binary::Manifest::parse(blob) else {
+        return 512;
+    };
+    let pool = (manifest.limits().max_chunk_pool_bytes() + 16 * MIB).div_ceil(2 * MIB) * 2 * MIB;
+    let total = pool + manifest.ram_volume_bytes() + 8 * MIB;
+    (total.div_ceil(MIB) + 64).max(512)
+}
+
+/// `cargo xtask run-image`.
+pub fn run(args: RunImageArgs) -> Result<()> {
+    let image = if args.no_build {
+        let image = target_dir()
+            .join(TARGET)
+            .join("release")
+            .join("brick-image");
+        check_elf(&image)?;
+        image
+    } else {
+        build()?
+    };
+    let scratch = paths::scratch("image");
+    let mut blob = match (&args.manifest, &args.blob) {
+        (Some(path), _) => {
+            let config = manifest::compile_file(path).map_err(|e| anyhow::anyhow!("{e}"))?;
+            config
+                .to_binary()
+                .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?
+        }
+        (None, Some(path)) => {
+            std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?
+        }
+        (None, None) => Vec::new(),
+    };
+    if let Some(offset) = args.flip_byte {
+        let Some(byte) = blob.get_mut(offset) else {
+            bail!("--flip-byte {offset}: the blob is {} bytes", blob.len());
+        };
+        *byte = !*byte;
+        util::step(format!("flipped byte {offset} of the blob"));
+    }
+    let memory = args.memory.unwrap_or_else(|| guest_mib(&blob));
+
+    let mut qemu = Command::new("qemu-system-x86_64");
+    qemu.args(["-accel", "tcg", "-cpu", "max", "-m"])
+        .arg(memory.to_string())
+        .arg("-kernel")
+        .arg(&image)
+        .args([
+            "-nographic",
+            "-no-reboot",
+            "-device",
+            "isa-debug-exit,iobase=0xf4,iosize=0x04",
+        ]);
+    if !blob.is_empty() || args.manifest.is_some() || args.blob.is_some() {
+        let path = scratch.join("manifest.bin");
+        std::fs::write(&path, &blob)?;
+        let path = path.to_str().context("scratch path is not UTF-8")?;
+        qemu.arg("-fw_cfg").arg(format!(
+            "name=opt/brick/manifest,file={}",
+            path.replace(',', ",,")
+        ));
+    }
+    if let Some(append) = &args.append {
+        qemu.arg("-append").arg(append);
+    }
+    util::step(format!(
+        "booting {} ({memory} MiB, manifest {} bytes, timeout {} s)",
+        image.display(),
+        blob.len(),
+        args.timeout
+    ));
+    let status = boot(&mut qemu, Duration::from_secs(args.timeout))?;
+    let _ = std::fs::remove_dir_all(&scratch);
+    match status {
+        Some(code) => {
+            eprintln!("==> QEMU exited with status {code}: {}", verdict(code));
+            std::process::exit(if code == 33 { 0 } else { code });
+        }
+        None => {
+            eprintln!("==> timeout after {} s: QEMU killed", args.timeout);
+            std::process::exit(124);
+        }
+    }
+}
+
+/// Runs QEMU, copying its console to stdout; `None` on timeout.
+fn boot(qemu: &mut Command, timeout: Duration) -> Result<Option<i32>> {
+    let mut child = qemu
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .context("could not start qemu-system-x86_64 (apt-get install qemu-system-x86)")?;
+    let mut console = child.stdout.take().context("QEMU stdout")?;
+    let copier = std::thread::spawn(move || {
+        let mut buffer = [0u8; 4096];
+        let mut stdout = std::io::stdout();
+        while let Ok(n @ 1..) = console.read(&mut buffer) {
+            let _ = stdout.write_all(&buffer[..n]);
+            let _ = stdout.flush();
+        }
+    });
+    let deadline = Instant::now() + timeout;
+    let status = loop {
+        if let Some(status) = child.try_wait()? {
+            break Some(status.code().unwrap_or(-1));
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let _ = copier.join();
+    println!();
+    Ok(status)
+}
