@@ -12,23 +12,37 @@
 //! the QEMU stream-netdev frame link, a UDP socket on the RoCEv2 port, the
 //! monotonic clock, OS randomness, link specifications, a ppoll(2) wait and
 //! the file/block-device volume (a worker pool).
-//! The image drivers (PVH boot, serial, PCI, virtio, TSC) come later.
+//! The image drivers: [`virtio`] (polled split virtqueues, virtio-net as a
+//! [`Nic`], virtio-blk as a [`BlockDevice`]) over [`dma`] memory, and
+//! [`fw_cfg`] (QEMU's firmware configuration, DMA interface). They are
+//! `no_std` + `alloc` (allocating at construction only) and are tested on
+//! the host against mock devices. (PVH boot, serial, PCI and TSC live in the
+//! image for now.)
 //!
 //! # Unsafe
 //!
 //! The crate root denies `unsafe_code`. Unsafe lives in: `hosted::sys`
 //! (ppoll(2), sendmsg(2), fallocate(2) and the block-device ioctls
-//! `BLKSSZGET`, `BLKPBSZGET`, `BLKDISCARD`, `BLKZEROOUT` through libc).
+//! `BLKSSZGET`, `BLKPBSZGET`, `BLKDISCARD`, `BLKZEROOUT` through libc);
+//! [`dma`] (volatile access to device-shared memory); `virtio::transport`
+//! (virtio PCI MMIO); `virtio::net` (lending a returned RX buffer to the
+//! receive closure); `fw_cfg::port` (x86 port I/O).
 //! Every block carries a `// SAFETY:` line.
 #![cfg_attr(not(any(test, feature = "std")), no_std)]
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
+extern crate alloc;
+
 pub mod block;
 pub mod clock;
+#[allow(unsafe_code)]
+pub mod dma;
+pub mod fw_cfg;
 pub mod idle;
 pub mod nic;
 pub mod rng;
+pub mod virtio;
 
 #[cfg(feature = "std")]
 pub mod hosted;

@@ -1,0 +1,487 @@
+//! virtio-net against a mock device that loops transmitted frames back to
+//! the receive queue, processing the real rings from the device side.
+
+#[path = "common/virtio_mock.rs"]
+mod mock;
+
+use std::collections::VecDeque;
+
+use hal::nic::{Nic, NicError};
+use hal::virtio::net::{NetConfig, VirtioNet, F_MAC, F_MRG_RXBUF, HEADER_LEN, MAX_FRAME_LEN};
+use hal::virtio::{feature, status, InitError};
+use mock::{Descriptor, Memory, MockTransport};
+
+const MAC: [u8; 6] = [0x52, 0x54, 0x00, 0x12, 0x34, 0x56];
+/// Guest memory layout: the driver's DMA pool, then "registered memory".
+const POOL_LEN: usize = 2 << 20;
+const REGISTERED: usize = POOL_LEN;
+const REGISTERED_LEN: usize = 64 << 10;
+
+/// The device side of the loopback.
+struct Loopback {
+    memory: std::rc::Rc<Memory>,
+    transport: MockTransport,
+    /// Frames transmitted and not yet delivered.
+    wire: VecDeque<Vec<u8>>,
+    /// Descriptor chains of every transmitted frame.
+    tx_chains: Vec<Vec<Descriptor>>,
+}
+
+impl Loopback {
+    /// Takes every available TX chain: checks the header, gathers the
+    /// frame, returns the chain.
+    fn process_tx(&mut self) -> usize {
+        let mut state = self.transport.0.borrow_mut();
+        let mut count = 0;
+        while let Some((head, chain)) = state.queues[1].pop_avail(&self.memory) {
+            let mut bytes = Vec::new();
+            for descriptor in &chain {
+                assert!(!descriptor.writable, "TX descriptor marked writable");
+                let mut piece = vec![0; descriptor.len as usize];
+                self.memory.read(descriptor.address, &mut piece);
+                bytes.extend_from_slice(&piece);
+            }
+            assert!(bytes.len() >= HEADER_LEN, "TX chain without a header");
+            assert_eq!(bytes[..HEADER_LEN], [0; HEADER_LEN], "TX header not zeroed");
+            self.wire.push_back(bytes[HEADER_LEN..].to_vec());
+            self.tx_chains.push(chain);
+            state.queues[1].push_used(&self.memory, u32::from(head), 0);
+            count += 1;
+        }
+        count
+    }
+
+    /// Delivers queued frames into available RX buffers.
+    fn process_rx(&mut self) -> usize {
+        let mut state = self.transport.0.borrow_mut();
+        let mut count = 0;
+        while !self.wire.is_empty() {
+            let Some((head, chain)) = state.queues[0].pop_avail(&self.memory) else {
+                break;
+            };
+            let frame = self.wire.pop_front().unwrap();
+            assert_eq!(chain.len(), 1);
+            let buffer = chain[0];
+            assert!(buffer.writable);
+            let mut header = [0u8; HEADER_LEN];
+            header[10] = 1; // num_buffers
+            assert!(HEADER_LEN + frame.len() <= buffer.len as usize);
+            self.memory.write(buffer.address, &header);
+            self.memory
+                .write(buffer.address + HEADER_LEN as u64, &frame);
+            let len = (HEADER_LEN + frame.len()) as u32;
+            state.queues[0].push_used(&self.memory, u32::from(head), len);
+            count += 1;
+        }
+        count
+    }
+
+    fn notifications(&self, queue: usize) -> u64 {
+        self.transport.0.borrow().notifications[queue]
+    }
+}
+
+fn config_space() -> Vec<u8> {
+    let mut config = vec![0; 12];
+    config[..6].copy_from_slice(&MAC);
+    config
+}
+
+fn setup_with(offered: u64, config: NetConfig) -> (VirtioNet<MockTransport>, Loopback) {
+    let memory = Memory::new(POOL_LEN + REGISTERED_LEN);
+    let transport = MockTransport::new(offered, &[256, 256], config_space());
+    let mut pool = memory.pool(0, POOL_LEN);
+    let net = VirtioNet::new(transport.clone(), &mut pool, config).expect("device comes up");
+    let loopback = Loopback {
+        memory,
+        transport,
+        wire: VecDeque::new(),
+        tx_chains: Vec::new(),
+    };
+    (net, loopback)
+}
+
+fn setup() -> (VirtioNet<MockTransport>, Loopback) {
+    setup_with(
+        feature::VERSION_1 | F_MAC | F_MRG_RXBUF,
+        NetConfig::default(),
+    )
+}
+
+fn frame(seq: u32, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u32).wrapping_mul(31).wrapping_add(seq) as u8)
+        .collect()
+}
+
+fn receive_all(net: &mut VirtioNet<MockTransport>) -> Vec<Vec<u8>> {
+    let mut frames = Vec::new();
+    while let Some(frame) = net.receive(|bytes| bytes.to_vec()).unwrap() {
+        frames.push(frame);
+    }
+    frames
+}
+
+#[test]
+fn init_negotiates_reads_mac_and_posts_rx_buffers() {
+    let (net, loopback) = setup();
+    assert_eq!(net.mac(), MAC);
+    assert_eq!(net.mtu(), 1500);
+    // MRG_RXBUF was offered but is not taken; no offloads.
+    assert_eq!(net.features(), feature::VERSION_1 | F_MAC);
+    let state = loopback.transport.0.borrow();
+    assert_eq!(state.driver_features, feature::VERSION_1 | F_MAC);
+    assert_eq!(
+        state.status,
+        status::ACKNOWLEDGE | status::DRIVER | status::FEATURES_OK | status::DRIVER_OK
+    );
+    assert_eq!(state.queues[0].avail_pending(&loopback.memory), 256);
+    assert_eq!(state.queues[1].avail_pending(&loopback.memory), 0);
+}
+
+#[test]
+fn missing_version_1_is_a_clear_error() {
+    let memory = Memory::new(POOL_LEN);
+    let transport = MockTransport::new(F_MAC, &[256, 256], config_space());
+    let mut pool = memory.pool(0, POOL_LEN);
+    let error = VirtioNet::new(transport.clone(), &mut pool, NetConfig::default()).unwrap_err();
+    assert_eq!(error, InitError::MissingFeatures(feature::VERSION_1));
+    assert!(error.to_string().contains("VERSION_1"), "{error}");
+    assert_ne!(transport.0.borrow().status & status::FAILED, 0);
+}
+
+#[test]
+fn missing_mac_without_fallback_fails_and_fallback_works() {
+    let memory = Memory::new(POOL_LEN);
+    let transport = MockTransport::new(feature::VERSION_1, &[256, 256], config_space());
+    let mut pool = memory.pool(0, POOL_LEN);
+    let error = VirtioNet::new(transport, &mut pool, NetConfig::default()).unwrap_err();
+    assert_eq!(error, InitError::MissingFeatures(F_MAC));
+
+    let transport = MockTransport::new(feature::VERSION_1, &[256, 256], config_space());
+    let mut pool = memory.pool(0, POOL_LEN);
+    let mac = [2, 0, 0, 0, 0, 1];
+    let config = NetConfig {
+        mac: Some(mac),
+        ..NetConfig::default()
+    };
+    let net = VirtioNet::new(transport, &mut pool, config).unwrap();
+    assert_eq!(net.mac(), mac);
+}
+
+#[test]
+fn rejected_features_and_missing_queue_are_errors() {
+    let memory = Memory::new(POOL_LEN);
+    let transport = MockTransport::new(feature::VERSION_1 | F_MAC, &[256, 256], config_space());
+    transport.0.borrow_mut().reject_features = true;
+    let mut pool = memory.pool(0, POOL_LEN);
+    let error = VirtioNet::new(transport, &mut pool, NetConfig::default()).unwrap_err();
+    assert_eq!(error, InitError::FeaturesRejected);
+
+    let transport = MockTransport::new(feature::VERSION_1 | F_MAC, &[256], config_space());
+    let mut pool = memory.pool(0, POOL_LEN);
+    let error = VirtioNet::new(transport.clone(), &mut pool, NetConfig::default()).unwrap_err();
+    assert_eq!(error, InitError::QueueUnavailable(1));
+    assert_ne!(transport.0.borrow().status & status::FAILED, 0);
+
+    let transport = MockTransport::new(feature::VERSION_1 | F_MAC, &[256, 256], config_space());
+    let mut pool = memory.pool(0, 64 << 10);
+    let error = VirtioNet::new(transport, &mut pool, NetConfig::default()).unwrap_err();
+    assert!(matches!(error, InitError::Dma(_)), "{error:?}");
+}
+
+#[test]
+fn loopback_bounced_frame_with_pieces() {
+    let (mut net, mut loopback) = setup();
+    let header = frame(1, 42);
+    let piece_a = frame(2, 100);
+    let piece_b = frame(3, 7);
+    net.transmit(&header, &[&piece_a, &[], &piece_b]).unwrap();
+    net.flush();
+    assert_eq!(loopback.process_tx(), 1);
+    // Nothing was in a window: header + all pieces in one bounce descriptor.
+    assert_eq!(loopback.tx_chains[0].len(), 1);
+    assert_eq!(loopback.process_rx(), 1);
+    let frames = receive_all(&mut net);
+    let expected = [header, piece_a, piece_b].concat();
+    assert_eq!(frames, vec![expected]);
+    assert_eq!(net.stats().rx_frames, 1);
+    assert_eq!(net.stats().tx_bounced_bytes, (HEADER_LEN + 149) as u64);
+}
+
+#[test]
+fn scatter_gather_zero_copy_from_registered_memory() {
+    let (mut net, mut loopback) = setup();
+    let window = loopback.memory.window(REGISTERED, REGISTERED_LEN);
+    // SAFETY: the window is guest memory that outlives the driver (the
+    // loopback keeps the `Rc<Memory>`), at the bus addresses it names.
+    assert!(unsafe { net.add_zero_copy_window(window) });
+    let memory = loopback.memory.clone();
+    let payload = frame(9, 1024);
+    let trailer = frame(10, 4);
+    {
+        let registered = memory.bytes_mut(REGISTERED, REGISTERED_LEN);
+        registered[100..1124].copy_from_slice(&payload);
+        registered[5000..5004].copy_from_slice(&trailer);
+    }
+    let registered = memory.bytes(REGISTERED, REGISTERED_LEN);
+    let header = frame(11, 54);
+    let stack_piece = frame(12, 6);
+    net.transmit(
+        &header,
+        &[
+            &registered[100..612],
+            &registered[612..1124],
+            &stack_piece,
+            &registered[5000..5004],
+        ],
+    )
+    .unwrap();
+    net.flush();
+    assert_eq!(loopback.process_tx(), 1);
+    let chain = &loopback.tx_chains[0];
+    // virtio header + Ethernet.. header (bounced), two zero-copy pieces,
+    // the stack piece (bounced), the zero-copy trailer.
+    let lens: Vec<u32> = chain.iter().map(|d| d.len).collect();
+    assert_eq!(lens, [12 + 54, 512, 512, 6, 4]);
+    let registered_phys = mock::PHYS_BASE + REGISTERED as u64;
+    assert_eq!(chain[1].address, registered_phys + 100);
+    assert_eq!(chain[2].address, registered_phys + 612);
+    assert_eq!(chain[4].address, registered_phys + 5000);
+    assert_eq!(net.stats().tx_zero_copy_pieces, 3);
+    loopback.process_rx();
+    let frames = receive_all(&mut net);
+    assert_eq!(
+        frames,
+        vec![[header, payload, stack_piece, trailer].concat()]
+    );
+}
+
+#[test]
+fn many_thousand_frames_wrap_the_ring_indices() {
+    let (mut net, mut loopback) = setup();
+    let window = loopback.memory.window(REGISTERED, REGISTERED_LEN);
+    // SAFETY: as in the zero-copy test.
+    assert!(unsafe { net.add_zero_copy_window(window) });
+    let memory = loopback.memory.clone();
+    for (i, byte) in memory
+        .bytes_mut(REGISTERED, REGISTERED_LEN)
+        .iter_mut()
+        .enumerate()
+    {
+        *byte = (i * 7) as u8;
+    }
+    let registered = memory.bytes(REGISTERED, REGISTERED_LEN);
+    let total = 70_000u32; // > 65536: both queues' 16-bit indices wrap
+    let mut sent = 0u32;
+    let mut received = 0u32;
+    while received < total {
+        for _ in 0..(total - sent).min(40) {
+            let len = 14 + (sent as usize * 13) % (MAX_FRAME_LEN - 14 - 64);
+            let header = sent.to_le_bytes();
+            let start = (sent as usize * 101) % (REGISTERED_LEN - 2048);
+            let split = start + (len - 4) / 2;
+            let end = start + len - 4;
+            net.transmit(
+                &header,
+                &[&registered[start..split], &registered[split..end]],
+            )
+            .unwrap();
+            sent += 1;
+        }
+        net.flush();
+        loopback.process_tx();
+        loopback.process_rx();
+        while let Some((seq, ok)) = net
+            .receive(|bytes| {
+                let seq = u32::from_le_bytes(bytes[..4].try_into().unwrap());
+                let start = (seq as usize * 101) % (REGISTERED_LEN - 2048);
+                let len = 14 + (seq as usize * 13) % (MAX_FRAME_LEN - 14 - 64);
+                (
+                    seq,
+                    bytes.len() == len && bytes[4..] == registered[start..start + len - 4],
+                )
+            })
+            .unwrap()
+        {
+            assert_eq!(seq, received, "frames out of order");
+            assert!(ok, "frame {seq} corrupted");
+            received += 1;
+        }
+    }
+    let stats = net.stats();
+    assert_eq!(stats.rx_frames, u64::from(total));
+    assert_eq!(stats.tx_frames, u64::from(total));
+    assert_eq!(stats.rx_queue.unknown_ids + stats.tx_queue.unknown_ids, 0);
+    assert_eq!(stats.rx_queue.bad_used_index, 0);
+    let state = loopback.transport.0.borrow();
+    assert!(state.queues[0].used_idx < 10_000, "RX used index wrapped");
+    // Every RX buffer is posted again.
+    drop(state);
+    net.flush();
+    let state = loopback.transport.0.borrow();
+    assert_eq!(state.queues[0].avail_pending(&loopback.memory), 256);
+}
+
+#[test]
+fn kicks_are_batched_and_respect_no_notify() {
+    let (mut net, mut loopback) = setup();
+    let before = loopback.notifications(1);
+    for seq in 0..5 {
+        net.transmit(&frame(seq, 60), &[]).unwrap();
+    }
+    assert_eq!(loopback.notifications(1), before, "no doorbell per frame");
+    assert!(net.flush());
+    assert_eq!(loopback.notifications(1), before + 1);
+    assert!(!net.flush(), "nothing new: no doorbell");
+    loopback.process_tx();
+    {
+        let state = loopback.transport.0.borrow();
+        state.queues[1].set_no_notify(&loopback.memory, true);
+    }
+    net.transmit(&frame(6, 60), &[]).unwrap();
+    net.flush();
+    assert_eq!(loopback.notifications(1), before + 1, "NO_NOTIFY honoured");
+    assert!(net.stats().tx_queue.suppressed_notifications >= 1);
+    // A receive call flushes a pending kick.
+    {
+        let state = loopback.transport.0.borrow();
+        state.queues[1].set_no_notify(&loopback.memory, false);
+    }
+    net.transmit(&frame(7, 60), &[]).unwrap();
+    assert_eq!(net.receive(|_| ()).unwrap(), None);
+    assert_eq!(loopback.notifications(1), before + 2);
+}
+
+#[test]
+fn full_tx_queue_is_busy_until_reclaimed() {
+    let config = NetConfig {
+        tx_queue_size: 16,
+        ..NetConfig::default()
+    };
+    let (mut net, mut loopback) = setup_with(feature::VERSION_1 | F_MAC, config);
+    let mut queued = 0;
+    loop {
+        match net.transmit(&frame(queued, 64), &[]) {
+            Ok(()) => queued += 1,
+            Err(NicError::Busy) => break,
+            Err(other) => panic!("{other}"),
+        }
+    }
+    assert_eq!(queued, 16);
+    assert_eq!(net.tx_in_flight(), 16);
+    net.flush();
+    loopback.process_tx();
+    net.transmit(&frame(99, 64), &[]).unwrap();
+    assert_eq!(net.tx_in_flight(), 1);
+    assert_eq!(net.stats().tx_busy, 1);
+}
+
+#[test]
+fn frame_too_long_is_refused() {
+    let (mut net, _loopback) = setup();
+    let big = vec![0; MAX_FRAME_LEN - 13];
+    assert_eq!(net.transmit(&[0; 14], &[&big]), Err(NicError::FrameTooLong));
+    net.transmit(&[0; 14], &[&big[..MAX_FRAME_LEN - 14]])
+        .unwrap();
+}
+
+#[test]
+fn receive_into_copies() {
+    let (mut net, mut loopback) = setup();
+    net.transmit(&frame(5, 80), &[]).unwrap();
+    net.flush();
+    loopback.process_tx();
+    loopback.process_rx();
+    let mut buffer = [0; 2048];
+    assert_eq!(net.receive_into(&mut buffer).unwrap(), Some(80));
+    assert_eq!(buffer[..80], frame(5, 80)[..]);
+}
+
+/// A misbehaving device: used entries for ids never made available,
+/// duplicates, lengths beyond the buffer or below the header, and a used
+/// index that goes backwards. The driver counts and carries on.
+#[test]
+fn misbehaving_device_is_counted_and_ignored() {
+    let (mut net, mut loopback) = setup();
+    let memory = loopback.memory.clone();
+    {
+        let mut state = loopback.transport.0.borrow_mut();
+        let rx = &mut state.queues[0];
+        // Take two real buffers from the device side.
+        let (first, _) = rx.pop_avail(&memory).unwrap();
+        let (second, _) = rx.pop_avail(&memory).unwrap();
+        rx.push_used(&memory, 9999, 60); // id out of range
+        rx.push_used(&memory, u32::from(first), 100_000); // longer than the buffer
+        rx.push_used(&memory, u32::from(first), 60); // duplicate of a finished id
+        rx.push_used(&memory, u32::from(second), 3); // shorter than the header
+    }
+    // The duplicate names a head that was re-posted meanwhile: it cannot be
+    // told from a real completion, so it comes out as one stale frame.
+    let delivered = receive_all(&mut net);
+    assert_eq!(delivered.len(), 1);
+    assert_eq!(delivered[0].len(), 60 - HEADER_LEN);
+    let stats = net.stats();
+    assert_eq!(stats.rx_queue.unknown_ids, 1, "{stats:?}");
+    assert_eq!(stats.rx_queue.bad_lengths, 1);
+    assert_eq!(stats.rx_bad_length, 2);
+    // Re-posting kept every buffer alive.
+    net.flush();
+    {
+        let state = loopback.transport.0.borrow();
+        // `first` and `second` came back (plus the duplicate's re-post).
+        assert!(state.queues[0].avail_pending(&memory) >= 254);
+    }
+
+    // The used index goes backwards: nothing consumed, counted, no panic.
+    {
+        let state = loopback.transport.0.borrow();
+        let rx = &state.queues[0];
+        rx.publish_used(&memory, rx.used_idx.wrapping_sub(3));
+    }
+    assert_eq!(net.receive(|bytes| bytes.len()).unwrap(), None);
+    assert!(net.stats().rx_queue.bad_used_index >= 1);
+    // The device recovers (index forward again): traffic flows.
+    {
+        let state = loopback.transport.0.borrow();
+        let rx = &state.queues[0];
+        rx.publish_used(&memory, rx.used_idx);
+    }
+    net.transmit(&frame(1, 64), &[]).unwrap();
+    net.flush();
+    loopback.process_tx();
+    loopback.process_rx();
+    let frames = receive_all(&mut net);
+    assert_eq!(frames.last(), Some(&frame(1, 64)));
+
+    // TX: a used entry for a head never given and a duplicate completion.
+    net.transmit(&frame(2, 64), &[]).unwrap();
+    net.flush();
+    loopback.process_tx();
+    {
+        let mut state = loopback.transport.0.borrow_mut();
+        let tx = &mut state.queues[1];
+        tx.push_used(&memory, 200, 0);
+        tx.push_used(&memory, 0, 0);
+    }
+    assert_eq!(net.tx_in_flight(), 0);
+    assert!(net.stats().tx_queue.unknown_ids >= 1);
+}
+
+#[test]
+fn dma_bytes_is_enough() {
+    for config in [
+        NetConfig::default(),
+        NetConfig {
+            rx_queue_size: 64,
+            tx_queue_size: 32,
+            mac: None,
+        },
+    ] {
+        let memory = Memory::new(POOL_LEN);
+        let transport = MockTransport::new(feature::VERSION_1 | F_MAC, &[256, 256], config_space());
+        let len = config.dma_bytes().next_multiple_of(4096);
+        let mut pool = memory.pool(0, len);
+        VirtioNet::new(transport, &mut pool, config).unwrap();
+    }
+}
