@@ -28,6 +28,9 @@ fn build() -> Result<(PathBuf, PathBuf)> {
         "brick-target",
         "-p",
         "brick-cli",
+        // `--bin` filters every selected package: name the CLI too.
+        "--bin",
+        "brick",
     ]))?;
     let release = crate::paths::repo().join("target/release");
     Ok((release.join("brick-target"), release.join("brick")))
