@@ -108,11 +108,13 @@ struct Replay {
 fn replay(name: &str) -> Replay {
     let capture = Capture::load(name);
     let frames = capture.frames();
-    let rc: Vec<RoceFrame<'_>> = frames
+    let (times, rc): (Vec<u64>, Vec<RoceFrame<'_>>) = frames
         .iter()
-        .filter_map(|frame| parse_frame(frame).ok())
-        .filter(|frame| frame.bth.opcode.transport() == Transport::Rc)
-        .collect();
+        .zip(capture.timestamps())
+        .filter_map(|(frame, at)| Some((at, parse_frame(frame).ok()?)))
+        .filter(|(_, frame)| frame.bth.opcode.transport() == Transport::Rc)
+        .map(|(at, frame)| (u64::try_from(at.as_nanos()).unwrap(), frame))
+        .unzip();
     let from_client = |frame: &RoceFrame<'_>| frame.ip.dst_addr.octets() == SERVER_IP;
 
     // Connections, in order of appearance: server QPN (client frames' DestQP)
@@ -279,7 +281,9 @@ fn replay(name: &str) -> Replay {
     let mut next_wr = 1u64;
     let mut scratch_offset = 1 << 20;
     for (index, captured) in rc.iter().enumerate() {
-        let now = index as u64 * 1_000_000;
+        // The capture's own clock: Brick's retransmit timer sees the round
+        // trips the Linux client really took.
+        let now = times[index];
         if from_client(captured) {
             let mut headers = captured.headers();
             headers.bth.dest_qp = ours[&captured.bth.dest_qp];
@@ -368,6 +372,16 @@ fn replay(name: &str) -> Replay {
     completions.truncate(n);
     assert_eq!(hca.counters().drop_bad_checksum, 0);
     assert_eq!(hca.counters().naks_sent, 0);
+    // Under the capture's real round trips the adaptive timer never fires.
+    assert_eq!(hca.counters().timeouts, 0, "{name}: {:?}", hca.counters());
+    assert!(
+        hca.counters().rtt_samples > 0,
+        "{name}: {:?}",
+        hca.counters()
+    );
+    for conn in conns.values() {
+        eprintln!("{name}: {:?}", hca.qp(*conn).unwrap().rtt_estimate());
+    }
     Replay {
         compared,
         completions,

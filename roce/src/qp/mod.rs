@@ -36,10 +36,15 @@
 //! unlike rxe a NAK during a retry is not ignored), to the RNR NAK'd PSN after
 //! the RNR delay, or to `una` on timeout; every packet from there is resent
 //! from the same registered memory (READs resume at the first missing
-//! response with VA/length adjusted). The retransmit timer (4.096 µs ·
-//! 2^`local_ack_timeout`) is armed whenever anything sent is unacknowledged
-//! and re-armed on progress — never left idle with packets outstanding, the
-//! rxe bug behind `tests/vectors/rnbd-lossy-stall.pcap`.
+//! response with VA/length adjusted). The retransmit timer is armed
+//! whenever anything sent is unacknowledged and re-armed on progress — never
+//! left idle with packets outstanding, the rxe bug behind
+//! `tests/vectors/rnbd-lossy-stall.pcap`. Unlike rxe's fixed 4.096 µs ·
+//! 2^`local_ack_timeout` (2.15 s with the CM default), its period adapts to
+//! the measured round-trip time, between
+//! [`config::MIN_RETRANSMIT_TIMEOUT_NS`] and that negotiated timeout, which
+//! alone still decides when the retry count runs out (the `requester`
+//! module describes the timer; [`Qp::rtt_estimate`] shows it).
 //!
 //! # Responder
 //!
@@ -111,6 +116,33 @@ pub mod config {
     /// Local ACK timeout exponent used when the negotiated one is 0 (which IB
     /// defines as "no timer"): Brick never runs without a retransmit timer.
     pub const DEFAULT_ACK_TIMEOUT: u8 = 14;
+    /// Floor of the adaptive retransmit timeout and of its margin over the
+    /// smoothed RTT: 5 ms. The timeout is `SRTT + max(G, 4·RTTVAR)` with G
+    /// this value (RFC 6298 §2.3, where G is the clock granularity), capped
+    /// by the negotiated Local ACK Timeout (a QP negotiating less gets less).
+    ///
+    /// `4·RTTVAR` only covers delays the requester has seen; G covers those
+    /// it has not. The peer's ACK is produced by software: Linux rxe builds it
+    /// in its responder task, which a busy or descheduled (virtual) CPU can
+    /// hold back for a scheduler tick (4 ms at HZ=250) on top of the usual
+    /// round trip, before the RTT samples ever show it. 5 ms is above one
+    /// tick, far above the tens to hundreds of µs of a LAN or a host-local
+    /// relay, and still 400 times below the 2.15 s default timeout, so a
+    /// lost tail packet costs milliseconds instead of seconds. A timer that
+    /// fires too early is cheap for RC: the responder re-ACKs duplicate
+    /// SEND/WRITE packets and replays READ responses (roce-v2.md §2.5 item
+    /// 5), and such a timeout never consumes the retry count (see the
+    /// requester).
+    pub const MIN_RETRANSMIT_TIMEOUT_NS: u64 = 5_000_000;
+    /// Retransmit timeout before the first RTT sample: 100 ms (capped by the
+    /// negotiated Local ACK Timeout).
+    ///
+    /// Nothing is known about the path yet, and the first messages of a
+    /// connection meet the slowest peer: a VM under TCG translating the code
+    /// path for the first time, page faults on fresh buffers, a relay. 100 ms
+    /// is well above the multi-millisecond round trips of TCG guests, yet
+    /// 20 times below the 2.15 s default; one valid sample replaces it.
+    pub const INITIAL_RETRANSMIT_TIMEOUT_NS: u64 = 100_000_000;
 }
 
 /// QP states, named after the IBTA's (roce-v2.md §2.1).
@@ -251,8 +283,16 @@ pub struct Counters {
     pub stale_acks: u64,
     /// Packets sent again (go-back-N after NAK, RNR or timeout).
     pub retransmissions: u64,
-    /// Retransmit timer expiries with packets outstanding.
+    /// Retransmit timer expiries with packets outstanding (every expiry of
+    /// the adaptive timer, [`Counters::early_timeouts`] included).
     pub timeouts: u64,
+    /// Timer expiries before a whole negotiated Local ACK Timeout passed
+    /// without progress: they go back N like any timeout but do not consume
+    /// the retry count (a subset of [`Counters::timeouts`]).
+    pub early_timeouts: u64,
+    /// Round-trip time samples taken by requesters (AckReq'd packets sent
+    /// once, acknowledged).
+    pub rtt_samples: u64,
     /// NAKs (any code, RNR excluded) sent.
     pub naks_sent: u64,
     /// NAKs (any code, RNR excluded) received.
@@ -463,6 +503,8 @@ pub struct Qp {
     retry_left: u8,
     rnr_left: u8,
     retransmit_deadline: Option<u64>,
+    /// RTT estimate, backoff and retry-charging epoch of the timer.
+    timer: requester::RetransmitTimer,
     rnr_until: Option<u64>,
     /// The PSN of the last go-back done on a NAK, until progress.
     last_nak: Option<Psn>,
@@ -504,6 +546,7 @@ impl Qp {
             retry_left: 0,
             rnr_left: 0,
             retransmit_deadline: None,
+            timer: requester::RetransmitTimer::new(),
             rnr_until: None,
             last_nak: None,
             since_ack_req: 0,
@@ -561,6 +604,18 @@ impl Qp {
             msn: self.msn,
             responses_queued: self.out.len(),
         }
+    }
+
+    /// The requester's round-trip estimate and the retransmit timeout it
+    /// arms next (see [`RttEstimate`]). Before [`Qp::ready_to_receive`] the
+    /// negotiated timeout is unknown and taken as the initial one.
+    pub fn rtt_estimate(&self) -> RttEstimate {
+        let negotiated = self
+            .params
+            .map_or(config::INITIAL_RETRANSMIT_TIMEOUT_NS, |params| {
+                params.ack_timeout_ns()
+            });
+        self.timer.estimate(negotiated)
     }
 
     /// `Reset` → `Init`: receives may be posted from now on.
@@ -858,6 +913,27 @@ pub struct QpSnapshot {
     pub msn: Msn,
     /// Responder: queued ACK/NAK/READ reply entries.
     pub responses_queued: usize,
+}
+
+/// The requester's round-trip estimate (see [`Qp::rtt_estimate`]), in ns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RttEstimate {
+    /// Smoothed round-trip time (RFC 6298 SRTT); `None` before the first
+    /// sample.
+    pub smoothed_rtt: Option<u64>,
+    /// Round-trip time variation (RFC 6298 RTTVAR); 0 before the first
+    /// sample.
+    pub rtt_variation: u64,
+    /// Timeouts since the last valid sample; each doubles the timeout.
+    pub backoff: u32,
+    /// The retransmit timeout the timer is armed with now: SRTT +
+    /// max([`config::MIN_RETRANSMIT_TIMEOUT_NS`], 4·RTTVAR) (or the initial
+    /// timeout), doubled `backoff` times, at most the negotiated Local ACK
+    /// Timeout.
+    pub retransmit_timeout: u64,
+    /// The negotiated Local ACK Timeout (4.096 µs · 2^t): the cap of the
+    /// timeout and the period that consumes one unit of the retry count.
+    pub negotiated_timeout: u64,
 }
 
 /// Why [`Qp::connect`] refused.

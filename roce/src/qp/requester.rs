@@ -5,15 +5,171 @@
 //! packets until cumulatively ACKed, go back N on NAK 0x60 / RNR NAK /
 //! timeout, complete in order with the verbs statuses. The state is
 //! described in the parent module's docs.
+//!
+//! # Retransmit timer
+//!
+//! rxe retransmits only when the negotiated Local ACK Timeout (4.096 µs ·
+//! 2^t, 2.15 s with the RDMA CM default t = 19) passes without progress
+//! (roce-v2.md §2.3.5), so at queue depth 1, where no later packet provokes
+//! a NAK 0x60, every lost tail packet or lost ACK stalls the QP for seconds.
+//! Brick's timer adapts to the measured round-trip time as TCP's does
+//! (RFC 6298), in integer nanoseconds ([`RetransmitTimer`]):
+//!
+//! - **Sampling.** One sample at a time. It starts when a packet with AckReq
+//!   (the last of a message, every 66th, every READ request) leaves for the
+//!   first time — never a retransmission (Karn's rule) — and ends when an
+//!   ACK, a READ response or the implied ACK of a NAK moves `una` past its
+//!   PSN. A go-back to that PSN or before discards it (it will be resent).
+//! - **Estimate.** The first sample R sets SRTT = R, RTTVAR = R/2; later
+//!   ones RTTVAR = ¾·RTTVAR + ¼·|SRTT − R|, SRTT = ⅞·SRTT + ⅛·R. The timeout
+//!   is RFC 6298's SRTT + max(G, 4·RTTVAR) with G =
+//!   [`config::MIN_RETRANSMIT_TIMEOUT_NS`], so never below G and always at
+//!   least G above SRTT: on a link whose RTT hardly varies RTTVAR decays to
+//!   nothing, and SRTT + 4·RTTVAR alone would fire just as the ACK is due.
+//!   Before the first sample the timeout is
+//!   [`config::INITIAL_RETRANSMIT_TIMEOUT_NS`]. The negotiated timeout caps
+//!   both.
+//! - **Backoff.** Every expiry doubles the timeout, up to the negotiated
+//!   one. The doubling lasts until the next valid sample (Karn's algorithm,
+//!   RFC 6298 §5.7), not just until the next progress: after an expiry that
+//!   came too early, the next progress is the late ACK of the original
+//!   packets, and going back to the short timeout would fire again at once
+//!   when RTTs are long, as in a burst of 128 packets through a slow link.
+//! - **Arming** is unchanged: armed at the first send while nothing was
+//!   outstanding, re-armed on progress, stopped when everything is
+//!   acknowledged, started at the end of the RNR wait after an RNR NAK. An
+//!   expiry goes back N from `una` as before.
+//! - **Retry count.** Only the negotiated timeout consumes it, so a QP never
+//!   fails with `RetryExcErr` sooner than rxe's would. The *retry epoch* is
+//!   the last progress, the first send from idle, the end of an RNR wait or
+//!   the last expiry that consumed a unit. An expiry at least one negotiated
+//!   timeout after the epoch consumes a unit (7 = infinite, never consumed;
+//!   none left: `RetryExcErr`) and restarts the epoch; an earlier one only
+//!   retransmits ([`Counters::early_timeouts`](super::Counters)). Once the
+//!   backoff has reached the negotiated timeout, expiries come exactly one
+//!   negotiated timeout apart, so with retry count n < 7 a dead peer fails
+//!   the QP at the first expiry at least (n + 1) negotiated timeouts after
+//!   the last progress — where rxe fails at exactly that time — and less
+//!   than one negotiated timeout later. A NAK 0x60 consumes a unit as before.
+//!
+//! Early retransmissions are safe for RC: a responder (Brick's, rxe's)
+//! re-ACKs duplicate SEND/WRITE packets without re-executing them and
+//! replays duplicate READs from its remembered READ resources (roce-v2.md
+//! §2.5 item 5).
 
 use heapless::Vec;
 use verbs::{AccessFlags, PostError, SendOp, SendWr, WcStatus, WorkCompletion, MAX_SGE};
 
-use super::{config, Context, FrameSink, Qp, QpState, SendWqe, WqeOp};
+use super::{config, Context, FrameSink, Qp, QpState, RttEstimate, SendWqe, WqeOp};
 use crate::types::Psn;
 use crate::wire::{
     ExtHeaders, IethRepr, ImmDtRepr, NakCode, Opcode, RethRepr, RoceFrame, Syndrome,
 };
+
+/// Largest RTT sample taken into account (ns): the largest negotiated
+/// timeout (4.096 µs · 2^31, about 2.4 h), which keeps `7 · SRTT` far
+/// from overflowing.
+const MAX_RTT_SAMPLE_NS: u64 = 4096 << 31;
+
+/// Most doublings of the timeout; it reaches the largest negotiated timeout
+/// from 1 ns in 43, so this bound is never what stops it.
+const MAX_BACKOFF: u32 = 48;
+
+/// A round trip being timed: an AckReq'd packet sent once, at `sent_at`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct RttSample {
+    psn: Psn,
+    sent_at: u64,
+}
+
+/// The adaptive retransmit timer's state (see the module docs): the RFC 6298
+/// estimate, the backoff, the sample in flight and the retry epoch. The
+/// deadline itself stays in [`Qp`]. All times are ns; no floating point.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct RetransmitTimer {
+    /// SRTT; `None` before the first sample.
+    smoothed_rtt: Option<u64>,
+    /// RTTVAR.
+    rtt_variation: u64,
+    /// Expiries since the last valid sample (each doubles the timeout).
+    backoff: u32,
+    sample: Option<RttSample>,
+    /// Start of the current negotiated-timeout period for the retry count.
+    retry_epoch: u64,
+}
+
+impl RetransmitTimer {
+    /// No sample, no backoff.
+    pub(super) const fn new() -> Self {
+        Self {
+            smoothed_rtt: None,
+            rtt_variation: 0,
+            backoff: 0,
+            sample: None,
+            retry_epoch: 0,
+        }
+    }
+
+    /// The timeout without backoff: SRTT + max(G, 4·RTTVAR) with G the
+    /// floor (or the initial timeout before any sample), at most
+    /// `negotiated`.
+    fn base_timeout(&self, negotiated: u64) -> u64 {
+        let estimate = match self.smoothed_rtt {
+            Some(srtt) => srtt.saturating_add(
+                self.rtt_variation
+                    .saturating_mul(4)
+                    .max(config::MIN_RETRANSMIT_TIMEOUT_NS),
+            ),
+            None => config::INITIAL_RETRANSMIT_TIMEOUT_NS,
+        };
+        estimate.min(negotiated)
+    }
+
+    /// The timeout to arm now: the base timeout doubled `backoff` times, at
+    /// most `negotiated`.
+    fn timeout(&self, negotiated: u64) -> u64 {
+        let factor = 1u64 << self.backoff.min(MAX_BACKOFF);
+        self.base_timeout(negotiated)
+            .saturating_mul(factor)
+            .min(negotiated)
+    }
+
+    /// Folds a round-trip time into SRTT/RTTVAR (RFC 6298 §2.2-2.3) and
+    /// ends the backoff.
+    fn record(&mut self, rtt: u64) {
+        let rtt = rtt.min(MAX_RTT_SAMPLE_NS);
+        match self.smoothed_rtt {
+            None => {
+                self.smoothed_rtt = Some(rtt);
+                self.rtt_variation = rtt / 2;
+            }
+            Some(srtt) => {
+                let error = srtt.abs_diff(rtt);
+                self.rtt_variation = (3 * self.rtt_variation + error) / 4;
+                self.smoothed_rtt = Some((7 * srtt + rtt) / 8);
+            }
+        }
+        self.backoff = 0;
+    }
+
+    /// An expiry: the next timeout is twice this one, up to `negotiated`.
+    fn back_off(&mut self, negotiated: u64) {
+        if self.timeout(negotiated) < negotiated {
+            self.backoff += 1;
+        }
+    }
+
+    /// The public view, for [`Qp::rtt_estimate`].
+    pub(super) fn estimate(&self, negotiated: u64) -> RttEstimate {
+        RttEstimate {
+            smoothed_rtt: self.smoothed_rtt,
+            rtt_variation: self.rtt_variation,
+            backoff: self.backoff,
+            retransmit_timeout: self.timeout(negotiated),
+            negotiated_timeout: negotiated,
+        }
+    }
+}
 
 /// What a cumulative ACK did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -215,22 +371,42 @@ impl Qp {
             return;
         }
         ctx.counters.timeouts += 1;
-        if self.retry_left == 0 {
-            self.fail_front(WcStatus::RetryExcErr, ctx);
-            return;
+        let negotiated = self.negotiated_timeout();
+        if now.saturating_sub(self.timer.retry_epoch) >= negotiated {
+            // A whole negotiated timeout without progress: what rxe counts.
+            if self.retry_left == 0 {
+                self.fail_front(WcStatus::RetryExcErr, ctx);
+                return;
+            }
+            if self.params.is_some_and(|params| params.retry_count < 7) {
+                self.retry_left -= 1;
+            }
+            self.timer.retry_epoch = now;
+        } else {
+            ctx.counters.early_timeouts += 1;
         }
-        if self.params.is_some_and(|params| params.retry_count < 7) {
-            self.retry_left -= 1;
-        }
+        self.timer.back_off(negotiated);
         self.rewind(self.una);
         self.arm_timer(now);
     }
 
+    /// The negotiated Local ACK Timeout (ns): the timer's cap and the
+    /// period that consumes a unit of the retry count.
+    fn negotiated_timeout(&self) -> u64 {
+        self.params
+            .map_or(1 << 31, |params| params.ack_timeout_ns())
+    }
+
+    /// (Re)arms the retransmit deadline one current timeout after `now`.
     fn arm_timer(&mut self, now: u64) {
-        let timeout = self
-            .params
-            .map_or(1 << 31, |params| params.ack_timeout_ns());
+        let timeout = self.timer.timeout(self.negotiated_timeout());
         self.retransmit_deadline = Some(now.saturating_add(timeout));
+    }
+
+    /// Arms the timer from idle at `now` and starts a retry epoch there.
+    fn start_timer(&mut self, now: u64) {
+        self.timer.retry_epoch = now;
+        self.arm_timer(now);
     }
 
     /// Moves the transmit cursor to `psn` (inside `una ..= sent_end`).
@@ -239,6 +415,14 @@ impl Qp {
     /// the cursor never reached; a LOCAL_INV the cursor has not executed yet
     /// stops the search there, so it is never skipped.
     fn rewind(&mut self, psn: Psn) {
+        // Karn's rule: a sampled packet about to be resent times nothing.
+        if self
+            .timer
+            .sample
+            .is_some_and(|sample| !sample.psn.is_before(psn))
+        {
+            self.timer.sample = None;
+        }
         for (index, wqe) in self.sq.iter().enumerate() {
             let pending_local = matches!(wqe.op, WqeOp::LocalInv { .. }) && !wqe.executed;
             if wqe.contains(psn) || pending_local {
@@ -298,6 +482,11 @@ impl Qp {
             sent += 1;
             if retransmission {
                 ctx.counters.retransmissions += 1;
+            } else if ack_req && self.timer.sample.is_none() {
+                self.timer.sample = Some(RttSample {
+                    psn: self.tx_psn,
+                    sent_at: now,
+                });
             }
             let last = wqe.is_read() || self.tx_psn == wqe.last_psn();
             let next = if wqe.is_read() {
@@ -313,7 +502,7 @@ impl Qp {
             }
             self.tx_psn = next;
             if self.retransmit_deadline.is_none() {
-                self.arm_timer(now);
+                self.start_timer(now);
             }
         }
         sent
@@ -445,12 +634,12 @@ impl Qp {
         let una_before = self.una;
         match aeth.syndrome {
             Syndrome::Ack { .. } => match self.apply_ack(psn, ctx) {
-                AckOutcome::Progress => self.on_progress(now),
+                AckOutcome::Progress => self.on_progress(now, ctx),
                 AckOutcome::NoProgress => ctx.counters.stale_acks += 1,
                 AckOutcome::ReadLost => {
                     // `apply_ack` may have moved `una` up to the READ.
                     if una_before != self.una {
-                        self.on_progress(now);
+                        self.on_progress(now, ctx);
                     }
                     self.go_back(self.una, false, ctx);
                 }
@@ -462,7 +651,7 @@ impl Qp {
                     return;
                 }
                 if self.apply_ack(psn.wrapping_sub(1), ctx) == AckOutcome::Progress {
-                    self.on_progress(now);
+                    self.on_progress(now, ctx);
                 }
                 if self.rnr_left == 0 {
                     self.fail_front(WcStatus::RnrRetryExcErr, ctx);
@@ -472,10 +661,11 @@ impl Qp {
                     self.rnr_left -= 1;
                 }
                 self.rewind(psn);
-                self.rnr_until = Some(now.saturating_add(super::rnr_delay_ns(timer)));
-                // The timer must not fire during the RNR wait.
-                self.retransmit_deadline = None;
-                self.arm_timer(self.rnr_until.unwrap_or(now));
+                let until = now.saturating_add(super::rnr_delay_ns(timer));
+                self.rnr_until = Some(until);
+                // The timer must not fire during the RNR wait: it starts
+                // afresh (retry epoch included) when the wait ends.
+                self.start_timer(until);
             }
             Syndrome::Nak(NakCode::PsnSequenceError) => {
                 ctx.counters.naks_received += 1;
@@ -484,14 +674,14 @@ impl Qp {
                     return;
                 }
                 if self.apply_ack(psn.wrapping_sub(1), ctx) == AckOutcome::Progress {
-                    self.on_progress(now);
+                    self.on_progress(now, ctx);
                 }
                 if self.state != QpState::Rts {
                     return;
                 }
                 self.go_back(psn, true, ctx);
                 if self.retransmit_deadline.is_none() {
-                    self.arm_timer(now);
+                    self.start_timer(now);
                 }
             }
             Syndrome::Nak(code) => {
@@ -539,9 +729,24 @@ impl Qp {
         self.rewind(psn);
     }
 
-    /// Progress seen: retry budgets refill, the timer restarts (or stops
-    /// when nothing is outstanding), the cursor never lags behind `una`.
-    fn on_progress(&mut self, now: u64) {
+    /// Progress seen: a sampled PSN now acknowledged updates the RTT
+    /// estimate, retry budgets refill, the timer restarts with a new retry
+    /// epoch (or stops when nothing is outstanding), the cursor never lags
+    /// behind `una`.
+    fn on_progress<S, const N: usize, const C: usize>(
+        &mut self,
+        now: u64,
+        ctx: &mut Context<'_, S, N, C>,
+    ) where
+        S: AsRef<[u8]> + AsMut<[u8]>,
+    {
+        if let Some(sample) = self.timer.sample {
+            if sample.psn.is_before(self.una) {
+                self.timer.sample = None;
+                self.timer.record(now.saturating_sub(sample.sent_at));
+                ctx.counters.rtt_samples += 1;
+            }
+        }
         if let Some(params) = self.params {
             self.retry_left = params.retry_count.min(7);
             self.rnr_left = params.rnr_retry.min(7);
@@ -550,7 +755,7 @@ impl Qp {
         if self.una == self.sent_end {
             self.retransmit_deadline = None;
         } else {
-            self.arm_timer(now);
+            self.start_timer(now);
         }
         if self.tx_psn.is_before(self.una) {
             self.rewind(self.una);
@@ -636,7 +841,7 @@ impl Qp {
         if first_psn.is_after(self.una)
             && self.apply_ack(first_psn.wrapping_sub(1), ctx) == AckOutcome::Progress
         {
-            self.on_progress(now);
+            self.on_progress(now, ctx);
         }
         if psn != self.una {
             // An earlier response was lost: ask again from the first missing.
@@ -675,7 +880,7 @@ impl Qp {
         // A cursor waiting to re-request this READ from an older PSN is
         // moved up to `una` by `on_progress`.
         self.retire(ctx);
-        self.on_progress(now);
+        self.on_progress(now, ctx);
     }
 
     /// Retires completed WQEs from the front, in order.
@@ -760,5 +965,95 @@ impl Qp {
             ctx.cq.push(wc, ctx.counters);
         }
         self.enter_error(ctx, WcStatus::WrFlushErr);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{config, RetransmitTimer};
+
+    const MS: u64 = 1_000_000;
+    /// The RDMA CM default: 4.096 µs · 2^19.
+    const NEGOTIATED: u64 = 4096 << 19;
+
+    #[test]
+    fn initial_timeout_is_capped_by_the_negotiated_one() {
+        let timer = RetransmitTimer::new();
+        assert_eq!(
+            timer.timeout(NEGOTIATED),
+            config::INITIAL_RETRANSMIT_TIMEOUT_NS
+        );
+        assert_eq!(timer.timeout(4096 << 10), 4096 << 10);
+    }
+
+    #[test]
+    fn estimate_follows_rfc_6298() {
+        let mut timer = RetransmitTimer::new();
+        timer.record(8 * MS);
+        assert_eq!(timer.smoothed_rtt, Some(8 * MS));
+        assert_eq!(timer.rtt_variation, 4 * MS);
+        assert_eq!(timer.timeout(NEGOTIATED), 24 * MS);
+        timer.record(16 * MS);
+        // RTTVAR = 3/4·4 + 1/4·|8 − 16| = 5; SRTT = 7/8·8 + 1/8·16 = 9.
+        assert_eq!(timer.rtt_variation, 5 * MS);
+        assert_eq!(timer.smoothed_rtt, Some(9 * MS));
+        assert_eq!(timer.timeout(NEGOTIATED), 29 * MS);
+    }
+
+    #[test]
+    fn floor_applies_to_the_margin_over_srtt() {
+        let mut timer = RetransmitTimer::new();
+        for _ in 0..100 {
+            timer.record(20_000);
+        }
+        assert_eq!(timer.rtt_variation, 0);
+        assert_eq!(
+            timer.timeout(NEGOTIATED),
+            20_000 + config::MIN_RETRANSMIT_TIMEOUT_NS
+        );
+        // A constant 50 ms RTT still leaves G of margin.
+        for _ in 0..100 {
+            timer.record(50 * MS);
+        }
+        // ⅞/⅛ smoothing in integers: within a µs after 100 samples.
+        let srtt = timer.smoothed_rtt.unwrap();
+        assert!((50 * MS - 1000..=50 * MS).contains(&srtt), "{srtt}");
+        assert!(timer.timeout(NEGOTIATED) >= srtt + config::MIN_RETRANSMIT_TIMEOUT_NS);
+        // The negotiated timeout caps everything, floor included.
+        assert_eq!(timer.timeout(4096 << 10), 4096 << 10);
+    }
+
+    #[test]
+    fn backoff_doubles_up_to_the_negotiated_timeout_and_ends_with_a_sample() {
+        let mut timer = RetransmitTimer::new();
+        timer.record(100_000);
+        let base = timer.timeout(NEGOTIATED);
+        timer.back_off(NEGOTIATED);
+        assert_eq!(timer.timeout(NEGOTIATED), 2 * base);
+        timer.back_off(NEGOTIATED);
+        assert_eq!(timer.timeout(NEGOTIATED), 4 * base);
+        for _ in 0..1000 {
+            timer.back_off(NEGOTIATED);
+        }
+        assert_eq!(timer.timeout(NEGOTIATED), NEGOTIATED);
+        // Doubling stops once the cap is reached: bounded.
+        assert!(timer.backoff <= 10, "{}", timer.backoff);
+        timer.record(100_000);
+        assert_eq!(timer.backoff, 0);
+    }
+
+    #[test]
+    fn extreme_values_do_not_overflow() {
+        let largest = 4096u64 << 31;
+        let mut timer = RetransmitTimer::new();
+        timer.record(u64::MAX);
+        timer.record(0);
+        timer.record(u64::MAX);
+        for _ in 0..100 {
+            timer.back_off(largest);
+        }
+        assert_eq!(timer.timeout(largest), largest);
+        // An absurd cap saturates instead of overflowing.
+        assert!(timer.timeout(u64::MAX) >= largest);
     }
 }

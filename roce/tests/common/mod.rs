@@ -57,6 +57,19 @@ impl Capture {
             .collect()
     }
 
+    /// The capture time of every frame (since the first one), in order.
+    pub fn timestamps(&self) -> Vec<std::time::Duration> {
+        let reader = Reader::new(&self.bytes).expect("a pcap file");
+        let stamps: Vec<_> = reader
+            .map(|record| record.expect("well-formed record").timestamp)
+            .collect();
+        let first = stamps.first().copied().unwrap_or_default();
+        stamps
+            .iter()
+            .map(|stamp| stamp.saturating_sub(first))
+            .collect()
+    }
+
     /// The companion text file `<name>.<suffix>`, if it exists.
     pub fn companion(&self, suffix: &str) -> Option<String> {
         std::fs::read_to_string(vectors_dir().join(format!("{}.{suffix}", self.name))).ok()

@@ -135,6 +135,11 @@ pub struct Pair {
     /// Every frame sent, per direction, when `record` is set.
     pub record: bool,
     pub sent: [Vec<Vec<u8>>; 2],
+    /// Keep each direction in order: a frame delayed by the filter holds
+    /// back the frames sent after it (jitter without reordering).
+    pub fifo: bool,
+    /// Latest delivery time scheduled per direction (for `fifo`).
+    last_delivery: [u64; 2],
 }
 
 fn endpoint(memory: usize, seed: u64, last: u8) -> Endpoint {
@@ -192,6 +197,8 @@ impl Pair {
             filter: Box::new(|_, _, _| Verdict::Deliver),
             record: false,
             sent: [Vec::new(), Vec::new()],
+            fifo: false,
+            last_delivery: [0; 2],
         }
     }
 
@@ -244,7 +251,11 @@ impl Pair {
             Err(error) => panic!("HCA sent an unparsable frame: {error}"),
         };
         let at = self.now + self.latency_ns;
+        let fifo = self.fifo;
+        let last_delivery = &mut self.last_delivery[dir];
         let mut push = |links: &mut [BTreeMap<(u64, u64), Vec<u8>>; 2], at: u64, frame: Vec<u8>| {
+            let at = if fifo { at.max(*last_delivery) } else { at };
+            *last_delivery = (*last_delivery).max(at);
             self.seq += 1;
             links[dir].insert((at, self.seq), frame);
         };
