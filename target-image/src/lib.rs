@@ -1171,13 +1171,14 @@ impl<K: KeySource, D: BlockDevice<Chunk>> fmt::Display for StatsReport<'_, '_, K
                 let c = hca.counters();
                 writeln!(
                     f,
-                    "interface {} {}: frames in {} out {} retransmissions {} timeouts {} naks sent {} dropped malformed {} checksum {} out-of-sequence {}",
+                    "interface {} {}: frames in {} out {} retransmissions {} timeouts {} (early {}) naks sent {} dropped malformed {} checksum {} out-of-sequence {}",
                     iface.name,
                     iface.ip,
                     c.frames_in,
                     c.frames_out,
                     c.retransmissions,
                     c.timeouts,
+                    c.early_timeouts,
                     c.naks_sent,
                     c.drop_malformed,
                     c.drop_bad_checksum,
