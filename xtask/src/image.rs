@@ -14,6 +14,12 @@
 //! QEMU's status (35 panic, 37 refused manifest, 39 not enough memory) or
 //! 124 on timeout. `--blob` passes a binary manifest as is and
 //! `--flip-byte N` corrupts one byte, to exercise the refusal path.
+//!
+//! `--nic SOCKET` (repeatable) gives the guest a virtio-net NIC per
+//! manifest interface, in order, connected as a client to the Unix socket
+//! with QEMU's stream framing (a relay's side, `cargo xtask relay`), with
+//! the interface's MAC; the image then serves. `--serve` drops the timeout:
+//! QEMU runs until killed (Ctrl-C).
 
 use crate::paths;
 use crate::util;
@@ -51,6 +57,34 @@ pub struct RunImageArgs {
     /// Boot the last built image instead of building it first.
     #[arg(long)]
     no_build: bool,
+    /// A virtio-net NIC connected to this Unix socket (QEMU stream netdev,
+    /// client side), one per manifest interface in order; its MAC is the
+    /// interface's.
+    #[arg(long = "nic", value_name = "SOCKET_PATH")]
+    nics: Vec<PathBuf>,
+    /// Serve: no timeout, QEMU runs until killed.
+    #[arg(long)]
+    serve: bool,
+}
+
+/// `-netdev`/`-device` arguments for NIC `index` on `socket` with `mac`.
+fn nic_args(index: usize, socket: &Path, mac: [u8; 6]) -> Result<[String; 4]> {
+    let path = socket
+        .to_str()
+        .with_context(|| format!("--nic {}: path is not UTF-8", socket.display()))?;
+    let [a, b, c, d, e, f] = mac;
+    Ok([
+        "-netdev".into(),
+        format!(
+            "stream,id=n{index},server=off,addr.type=unix,addr.path={}",
+            path.replace(',', ",,")
+        ),
+        "-device".into(),
+        format!(
+            "virtio-net-pci,netdev=n{index},disable-legacy=on,\
+             mac={a:02x}:{b:02x}:{c:02x}:{d:02x}:{e:02x}:{f:02x}"
+        ),
+    ])
 }
 
 /// How QEMU's exit status reads (`isa-debug-exit`: `(code << 1) | 1`).
@@ -60,6 +94,8 @@ fn verdict(status: i32) -> &'static str {
         35 => "panic or CPU exception in the image",
         37 => "the image refused the manifest",
         39 => "the manifest does not fit in the guest's memory",
+        41 => "a manifest interface has no usable virtio-net device",
+        43 => "the manifest asks for a volume kind the image does not serve",
         _ => "QEMU failed or was stopped",
     }
 }
@@ -153,28 +189,82 @@ pub fn run_build() -> Result<()> {
     Ok(())
 }
 
+/// Bytes of the image's engine stack (target-image `serve::ENGINE_STACK_BYTES`).
+const ENGINE_STACK_MIB: u64 = 32;
+
 /// Guest memory (MiB) for a manifest: the pool (chunk pools + 16 MiB of
 /// rings, 2 MiB-aligned), the RAM volumes, the 8 MiB boot heap and 64 MiB
-/// for the image and firmware holes. Mirrors target-image's `boot::pool`.
-fn guest_mib(blob: &[u8]) -> u64 {
+/// for the image and firmware holes (mirrors target-image's `boot::pool`),
+/// plus, when serving, the engine stack and the engine's registered
+/// arenas, which it allocates from the heap today (mirrors target-image's
+/// `arena_bytes`: per interface, up to 8 path pools of `queue_depth`
+/// chunks).
+pub fn guest_mib(blob: &[u8]) -> u64 {
     const MIB: u64 = 1 << 20;
     let Ok(manifest) = manifest::binary::Manifest::parse(blob) else {
         return 512;
     };
-    let pool = (manifest.limits().max_chunk_pool_bytes() + 16 * MIB).div_ceil(2 * MIB) * 2 * MIB;
-    let total = pool + manifest.ram_volume_bytes() + 8 * MIB;
+    let limits = manifest.limits();
+    let pool = (limits.max_chunk_pool_bytes() + 16 * MIB).div_ceil(2 * MIB) * 2 * MIB;
+    let per_path =
+        u64::from(limits.queue_depth.max(2)) * (u64::from(limits.chunk_size) + 64) + (1 << 16);
+    let path_pools =
+        (u64::from(limits.max_sessions) * u64::from(limits.max_paths_per_session) * 2).clamp(2, 8);
+    let arenas = per_path * path_pools * manifest.interface_count() as u64;
+    let total = pool + manifest.ram_volume_bytes() + 8 * MIB + arenas + ENGINE_STACK_MIB * MIB;
     (total.div_ceil(MIB) + 64).max(512)
+}
+
+/// The QEMU command line (program first) that boots `image` with the
+/// binary manifest file `blob` and one virtio-net NIC per `(socket, MAC)`
+/// (client side of a stream netdev), console on stdout.
+pub fn qemu_command(
+    image: &Path,
+    blob: &Path,
+    memory_mib: u64,
+    nics: &[(PathBuf, [u8; 6])],
+) -> Result<Vec<String>> {
+    let blob = blob.to_str().context("manifest path is not UTF-8")?;
+    let mut command: Vec<String> = ["qemu-system-x86_64", "-accel", "tcg", "-cpu", "max", "-m"]
+        .map(String::from)
+        .into();
+    command.push(memory_mib.to_string());
+    command.push("-kernel".into());
+    command.push(image.to_str().context("image path is not UTF-8")?.into());
+    command.extend(
+        [
+            "-nographic",
+            "-no-reboot",
+            "-device",
+            "isa-debug-exit,iobase=0xf4,iosize=0x04",
+            "-fw_cfg",
+        ]
+        .map(String::from),
+    );
+    command.push(format!(
+        "name=opt/brick/manifest,file={}",
+        blob.replace(',', ",,")
+    ));
+    for (index, (socket, mac)) in nics.iter().enumerate() {
+        command.extend(nic_args(index, socket, *mac)?);
+    }
+    Ok(command)
+}
+
+/// The last built image (`cargo xtask image`), checked.
+pub fn built_image() -> Result<PathBuf> {
+    let image = target_dir()
+        .join(TARGET)
+        .join("release")
+        .join("brick-image");
+    check_elf(&image)?;
+    Ok(image)
 }
 
 /// `cargo xtask run-image`.
 pub fn run(args: RunImageArgs) -> Result<()> {
     let image = if args.no_build {
-        let image = target_dir()
-            .join(TARGET)
-            .join("release")
-            .join("brick-image");
-        check_elf(&image)?;
-        image
+        built_image()?
     } else {
         build()?
     };
@@ -223,13 +313,33 @@ pub fn run(args: RunImageArgs) -> Result<()> {
     if let Some(append) = &args.append {
         qemu.arg("-append").arg(append);
     }
+    if !args.nics.is_empty() {
+        let manifest = manifest::binary::Manifest::parse(&blob)
+            .map_err(|e| anyhow::anyhow!("--nic needs a valid manifest: {e}"))?;
+        if args.nics.len() > manifest.interface_count() {
+            bail!(
+                "{} --nic given, the manifest has {} interfaces",
+                args.nics.len(),
+                manifest.interface_count()
+            );
+        }
+        for (index, (socket, interface)) in args.nics.iter().zip(manifest.interfaces()).enumerate()
+        {
+            qemu.args(nic_args(index, socket, interface.mac.0)?);
+        }
+    }
+    let timeout = (!args.serve).then(|| Duration::from_secs(args.timeout));
     util::step(format!(
-        "booting {} ({memory} MiB, manifest {} bytes, timeout {} s)",
+        "booting {} ({memory} MiB, manifest {} bytes, {} NIC(s), {})",
         image.display(),
         blob.len(),
-        args.timeout
+        args.nics.len(),
+        match timeout {
+            Some(timeout) => format!("timeout {} s", timeout.as_secs()),
+            None => "serving until killed".into(),
+        }
     ));
-    let status = boot(&mut qemu, Duration::from_secs(args.timeout))?;
+    let status = boot(&mut qemu, timeout)?;
     let _ = std::fs::remove_dir_all(&scratch);
     match status {
         Some(code) => {
@@ -243,8 +353,9 @@ pub fn run(args: RunImageArgs) -> Result<()> {
     }
 }
 
-/// Runs QEMU, copying its console to stdout; `None` on timeout.
-fn boot(qemu: &mut Command, timeout: Duration) -> Result<Option<i32>> {
+/// Runs QEMU, copying its console to stdout; `None` on timeout (`None`:
+/// no timeout).
+fn boot(qemu: &mut Command, timeout: Option<Duration>) -> Result<Option<i32>> {
     let mut child = qemu
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -260,12 +371,12 @@ fn boot(qemu: &mut Command, timeout: Duration) -> Result<Option<i32>> {
             let _ = stdout.flush();
         }
     });
-    let deadline = Instant::now() + timeout;
+    let deadline = timeout.map(|timeout| Instant::now() + timeout);
     let status = loop {
         if let Some(status) = child.try_wait()? {
             break Some(status.code().unwrap_or(-1));
         }
-        if Instant::now() >= deadline {
+        if deadline.is_some_and(|deadline| Instant::now() >= deadline) {
             let _ = child.kill();
             let _ = child.wait();
             break None;

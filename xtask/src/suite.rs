@@ -40,7 +40,8 @@ pub struct TestArgs {
     /// Skip the VM cases (lint and host tests only).
     #[arg(long)]
     host_only: bool,
-    /// Only these target kinds (linux-ref, brick-hosted); default: all.
+    /// Only these target kinds (linux-ref, brick-hosted, brick-image);
+    /// default: linux-ref and brick-hosted.
     #[arg(long = "target")]
     targets: Vec<String>,
 }
@@ -106,7 +107,11 @@ const CASES: &[Case] = &[
 
 /// The target kinds every suite runs against.
 fn target_kinds() -> Vec<TargetKind> {
-    vec![TargetKind::LinuxReference, TargetKind::BrickHosted]
+    vec![
+        TargetKind::LinuxReference,
+        TargetKind::BrickHosted,
+        TargetKind::BrickImage,
+    ]
 }
 
 /// Case counts of one suite.
@@ -183,7 +188,11 @@ pub fn run(args: TestArgs) -> Result<()> {
                 let kinds: Vec<TargetKind> = target_kinds()
                     .into_iter()
                     .filter(|k| {
-                        args.targets.is_empty() || args.targets.iter().any(|t| t == k.name())
+                        if args.targets.is_empty() {
+                            !k.explicit_only()
+                        } else {
+                            args.targets.iter().any(|t| t == k.name())
+                        }
                     })
                     .collect();
                 for kind in kinds {
@@ -340,6 +349,16 @@ fn vm_suite(
                 "vm {} {} ... skipped: {NO_PROBE_PORT}",
                 kind.name(),
                 case.name
+            );
+            skipped += 1;
+            continue;
+        }
+        if kind.max_mtu().is_some_and(|max| case.mtu > max) {
+            println!(
+                "vm {} {} ... skipped: the target carries an MTU of {} at most",
+                kind.name(),
+                case.name,
+                kind.max_mtu().unwrap_or_default()
             );
             skipped += 1;
             continue;

@@ -127,6 +127,10 @@ pub enum TargetKind {
     LinuxReference,
     /// The hosted Brick target (`brick-target`) serving an examples/ manifest.
     BrickHosted,
+    /// The bare-metal Brick image (`brick-image`) under QEMU, virtio-net on
+    /// the relays, serving the examples/ manifest's RAM volumes. Runs only
+    /// when named (`--target brick-image`).
+    BrickImage,
 }
 
 impl TargetKind {
@@ -140,9 +144,31 @@ impl TargetKind {
         match self {
             TargetKind::LinuxReference => "linux-ref",
             TargetKind::BrickHosted => "brick-hosted",
+            TargetKind::BrickImage => "brick-image",
         }
     }
+
+    /// The largest link MTU it serves, if limited (the image's virtio-net
+    /// driver: 1500, no mergeable RX buffers).
+    pub fn max_mtu(self) -> Option<u32> {
+        match self {
+            TargetKind::BrickImage => Some(1500),
+            _ => None,
+        }
+    }
+
+    /// Whether suites run it only when it is named with `--target`.
+    pub fn explicit_only(self) -> bool {
+        matches!(self, TargetKind::BrickImage)
+    }
 }
+
+/// `[limits]` the image target gets when the examples/ manifest has none:
+/// the engine allocates its registered arenas from guest RAM, so the
+/// defaults (512-deep queues of 132 KiB chunks) would need gigabytes.
+const IMAGE_LIMITS: &str = "\n[limits]\nmax_sessions = 4\nqueue_depth = 128\n";
+/// What the image prints once its poll loop runs.
+const IMAGE_SERVING: &str = "[brick] serving after";
 
 /// RAM disk size of the Linux reference target.
 const REF_DISK_MIB: u64 = 64;
@@ -167,11 +193,16 @@ enum Runner {
         vm: Option<Box<Vm>>,
         config: VmConfig,
     },
-    /// The hosted Brick target process, one `--link` per path.
+    /// The hosted Brick target process, one `--link` per path, or the
+    /// image's QEMU, one NIC per path.
     Process {
         child: Option<Child>,
         command: Vec<String>,
         log: PathBuf,
+        /// Serving once the log (since the last start) has this line.
+        ready: Option<&'static str>,
+        /// Log bytes before the last start.
+        log_start: u64,
     },
 }
 
@@ -199,7 +230,7 @@ const DURABLE_MIB: u64 = 64;
 /// Writes the judge's manifest into `dir`: the examples/ manifest for
 /// `paths` paths, its interfaces at `mtu`, plus a file-backed volume
 /// `durable` (a fresh file in `dir`) that every session may map
-/// read-write. Returns its path.
+/// read-write (unless `durable` is false). Returns its path.
 ///
 /// With `probe`, the target also gets the probe port ([`ProbePort`]): an
 /// interface `probe0` after the path interfaces, two 1 MiB RAM volumes
@@ -209,13 +240,19 @@ const DURABLE_MIB: u64 = 64;
 /// initiator's path subnets (one copy per path), so the initiator keeps
 /// exactly its access, probe sessions reach only the probe volumes, and any
 /// other name from the probe link (`denied-probe`) is refused.
-fn judge_manifest(paths: usize, mtu: u32, probe: bool, dir: &std::path::Path) -> Result<PathBuf> {
+fn judge_manifest(
+    paths: usize,
+    mtu: u32,
+    probe: bool,
+    durable: bool,
+    dir: &std::path::Path,
+) -> Result<PathBuf> {
     let example = brick_manifest(paths);
     let original =
         std::fs::read_to_string(&example).with_context(|| format!("read {}", example.display()))?;
     let image = dir.join("durable.img");
     let _ = std::fs::remove_file(&image);
-    let durable = format!(
+    let durable_volume = format!(
         "\n# Added by the judge: a file-backed volume for the restart cases.\n\
          [[volumes]]\nname = \"durable\"\nkind = \"file\"\npath = \"{}\"\nsize = \"{DURABLE_MIB}MiB\"\n\n\
          [[access]]\nsessions = \"*\"\nvolumes = [\"durable\"]\nmode = \"rw\"\n",
@@ -241,7 +278,9 @@ fn judge_manifest(paths: usize, mtu: u32, probe: bool, dir: &std::path::Path) ->
             text += &probe_limits();
         }
     }
-    text += &durable;
+    if durable {
+        text += &durable_volume;
+    }
     if probe {
         text = narrow_access(&text, paths);
         if !limits_seen {
@@ -417,7 +456,7 @@ impl Target {
             TargetKind::BrickHosted => {
                 let binary = build_brick_target()?;
                 let dir = crate::paths::scratch("brick-target");
-                let manifest_path = judge_manifest(relays.len(), mtu, probe.is_some(), &dir)?;
+                let manifest_path = judge_manifest(relays.len(), mtu, probe.is_some(), true, &dir)?;
                 let manifest =
                     manifest::compile_file(&manifest_path).map_err(|e| anyhow::anyhow!("{e}"))?;
                 let links = relays.len() + usize::from(probe.is_some());
@@ -507,12 +546,98 @@ impl Target {
                         child: None,
                         command,
                         log,
+                        ready: None,
+                        log_start: 0,
                     },
                 };
                 target.start_process()?;
                 Ok(target)
             }
+            TargetKind::BrickImage => Self::spawn_image(kind, relays, mtu),
         }
+    }
+
+    /// The image under QEMU: the examples/ manifest (no durable volume:
+    /// the image serves RAM volumes only), one virtio-net NIC per relay.
+    fn spawn_image(kind: TargetKind, relays: &[Relay], mtu: u32) -> Result<Target> {
+        let image = crate::image::build()?;
+        let dir = crate::paths::scratch("brick-image");
+        let manifest_path = judge_manifest(relays.len(), mtu, false, false, &dir)?;
+        let mut text = std::fs::read_to_string(&manifest_path)?;
+        if !text.lines().any(|line| line.trim() == "[limits]") {
+            text += IMAGE_LIMITS;
+            std::fs::write(&manifest_path, &text)?;
+        }
+        let config = manifest::compile_file(&manifest_path).map_err(|e| anyhow::anyhow!("{e}"))?;
+        let blob = config
+            .to_binary()
+            .map_err(|e| anyhow::anyhow!("{}: {e}", manifest_path.display()))?;
+        let blob_path = dir.join("manifest.bin");
+        std::fs::write(&blob_path, &blob)?;
+        let manifest = manifest::binary::Manifest::parse(&blob)
+            .map_err(|e| anyhow::anyhow!("{}: {e}", manifest_path.display()))?;
+        if manifest.interface_count() != relays.len() {
+            bail!(
+                "{} has {} interfaces, the bed has {} paths",
+                manifest_path.display(),
+                manifest.interface_count(),
+                relays.len()
+            );
+        }
+        let mut paths = Vec::new();
+        let mut nics = Vec::new();
+        for ((i, interface), relay) in manifest.interfaces().enumerate().zip(relays) {
+            let expected = path_address(i);
+            if interface.address.address.to_string() != expected.target
+                || interface.mac.to_string() != mac(i, 1)
+            {
+                bail!(
+                    "{}: interface {i} is {interface}, the bed expects {} / {}",
+                    manifest_path.display(),
+                    expected.target,
+                    mac(i, 1)
+                );
+            }
+            paths.push(PathAddress {
+                prefix: interface.address.prefix,
+                ..expected
+            });
+            nics.push((relay.b.clone(), interface.mac.0));
+        }
+        let volumes = config
+            .volumes
+            .iter()
+            .map(|v| match &v.backing {
+                manifest::config::Backing::Ram { size } => Ok(Volume {
+                    device_path: v.device_path.clone(),
+                    bytes: *size,
+                    durable: false,
+                }),
+                other => bail!("volume {}: {other:?}: the image serves RAM only", v.name),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let descriptor = TargetDescriptor {
+            name: kind.name().to_string(),
+            paths,
+            volumes,
+            nvme: None,
+            restart: Restart::Reboot,
+            probe: None,
+        };
+        let command =
+            crate::image::qemu_command(&image, &blob_path, crate::image::guest_mib(&blob), &nics)?;
+        let mut target = Target {
+            descriptor,
+            runner: Runner::Process {
+                child: None,
+                command,
+                log: dir.join("brick-image.log"),
+                ready: Some(IMAGE_SERVING),
+                log_start: 0,
+            },
+        };
+        target.start_process()?;
+        Ok(target)
     }
 
     fn start_process(&mut self) -> Result<()> {
@@ -520,6 +645,8 @@ impl Target {
             child,
             command,
             log,
+            log_start,
+            ..
         } = &mut self.runner
         else {
             bail!("not a process target")
@@ -528,6 +655,7 @@ impl Target {
             .create(true)
             .append(true)
             .open(&*log)?;
+        *log_start = file.metadata()?.len();
         let spawned = Command::new(&command[0])
             .args(&command[1..])
             .stdin(Stdio::null())
@@ -558,20 +686,38 @@ impl Target {
                 vm.run(&script, Duration::from_secs(60))?;
                 Ok(())
             }
-            Runner::Process { child, log, .. } => {
-                // Serving once every link is up on the relay.
-                let deadline = Instant::now() + Duration::from_secs(30);
+            Runner::Process {
+                child,
+                log,
+                ready,
+                log_start,
+                ..
+            } => {
+                // Serving once every link is up on the relay (and, for the
+                // image, once it says so: QEMU connects before it boots).
+                let seconds = if ready.is_some() { 120 } else { 30 };
+                let deadline = Instant::now() + Duration::from_secs(seconds);
+                let since_start = |log: &PathBuf| {
+                    let bytes = std::fs::read(log).unwrap_or_default();
+                    let start = usize::try_from(*log_start).unwrap_or(0).min(bytes.len());
+                    String::from_utf8_lossy(&bytes[start..]).into_owned()
+                };
                 loop {
                     if let Some(status) = child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
-                        let text = std::fs::read_to_string(&*log).unwrap_or_default();
-                        bail!("brick-target exited ({status}):\n{text}");
+                        let text = since_start(log);
+                        bail!("{} exited ({status}):\n{text}", self.descriptor.name);
                     }
-                    if relays.iter().all(|r| r.side(1).0) {
+                    if relays.iter().all(|r| r.side(1).0)
+                        && ready.is_none_or(|marker| since_start(log).contains(marker))
+                    {
                         return Ok(());
                     }
                     if Instant::now() > deadline {
-                        let text = std::fs::read_to_string(&*log).unwrap_or_default();
-                        bail!("brick-target did not connect its links in 30 s:\n{text}");
+                        let text = since_start(log);
+                        bail!(
+                            "{} did not serve on its links in {seconds} s:\n{text}",
+                            self.descriptor.name
+                        );
                     }
                     std::thread::sleep(Duration::from_millis(50));
                 }
@@ -625,7 +771,8 @@ impl Target {
                 let tail: Vec<&str> = text.lines().rev().take(80).collect();
                 let tail: Vec<&str> = tail.into_iter().rev().collect();
                 format!(
-                    "--- brick-target log (last 80 lines) ---\n{}",
+                    "--- {} log (last 80 lines) ---\n{}",
+                    self.descriptor.name,
                     tail.join("\n")
                 )
             }
@@ -823,13 +970,13 @@ mod tests {
     fn probe_manifest_keeps_the_initiator_access() {
         for paths in [1, 2] {
             let dir = crate::paths::scratch("probe-manifest");
-            let path = judge_manifest(paths, 1500, true, &dir).unwrap();
+            let path = judge_manifest(paths, 1500, true, true, &dir).unwrap();
             let config = manifest::compile_file(&path).unwrap();
             assert_eq!(config.interfaces.len(), paths + 1);
             assert_eq!(config.interfaces[paths].name, PROBE_INTERFACE);
             assert_eq!(config.limits.max_sessions, PROBE_MAX_SESSIONS);
             assert_eq!(config.limits.queue_depth, PROBE_QUEUE_DEPTH);
-            let plain = judge_manifest(paths, 1500, false, &dir).unwrap();
+            let plain = judge_manifest(paths, 1500, false, true, &dir).unwrap();
             let plain = manifest::compile_file(&plain).unwrap();
             let blob = config.to_binary().unwrap();
             let probed = Manifest::parse(&blob).unwrap();

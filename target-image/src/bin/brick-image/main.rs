@@ -7,11 +7,17 @@
 //! memory map ([`target_image::boot`], host-tested), installs the idle
 //! interrupts, calibrates the TSC, picks the randomness source, lists the
 //! PCI functions, reads the manifest from fw_cfg `opt/brick/manifest`,
-//! checks it and reports what it would serve. The network comes next.
+//! checks it and reports what it will serve. With a manifest and at least
+//! one virtio-net device (`1af4:1041`) it then serves ([`serve`]): one NIC
+//! per manifest interface, the engine over RAM volumes, the poll loop,
+//! until the VM is stopped. Without a virtio-net device it runs the idle
+//! check and exits (the boot test).
 //!
 //! Exit status through `isa-debug-exit` ([`port::ExitCode`]): 33 when the
 //! boot checks pass, 35 on a panic or CPU exception, 37 for a refused
-//! manifest, 39 when the manifest does not fit in memory. Command line
+//! manifest, 39 when the manifest does not fit in memory, 41 when an
+//! interface has no usable virtio-net device, 43 for a volume kind the
+//! image does not serve yet (anything but RAM). Command line
 //! words (`-append`): `idle` stays in the idle loop instead of exiting (to
 //! watch host CPU use); `panic` and `fault` (a `ud2`) exercise the failure
 //! paths.
@@ -23,7 +29,8 @@
 //! Unsafe lives in: `entry` (PVH entry, page tables, GDT), `port` (port
 //! I/O, isa-debug-exit), `serial`, `sync` (the spin lock), `memory` (boot
 //! reads, the global allocator), `interrupts` (IDT, PIC, PIT, `hlt`),
-//! `clock` (`rdtsc`), `rng` (`cpuid`, `rdrand`), `pci`, `fw_cfg`. Every
+//! `clock` (`rdtsc`), `rng` (`cpuid`, `rdrand`), `pci`, `fw_cfg`, `serve`
+//! (the virtio transport and DMA region constructors). Every
 //! block has a `// SAFETY:` line.
 
 #![cfg_attr(target_os = "none", no_std)]
@@ -69,16 +76,19 @@ mod rng;
 #[cfg(target_os = "none")]
 mod serial;
 #[cfg(target_os = "none")]
+mod serve;
+#[cfg(target_os = "none")]
 mod sync;
 
 #[cfg(target_os = "none")]
 mod board {
     use alloc::vec;
+    use alloc::vec::Vec;
 
     use hal::{Clock, Idle, Rng};
     use manifest::binary::Manifest;
     use target_image::boot::memory::{CarveError, FreeRanges, Range};
-    use target_image::boot::pool::{PoolPlan, BOOT_HEAP_BYTES, POOL_ALIGN};
+    use target_image::boot::pool::{PoolPlan, BOOT_HEAP_BYTES, POOL_ALIGN, RING_BYTES};
     use target_image::boot::pvh::{BootInfo, Bytes};
 
     use crate::clock::Tsc;
@@ -194,8 +204,12 @@ mod board {
         }
 
         let mut functions = 0;
+        let mut virtio_nets = Vec::new();
         crate::pci::enumerate(|function| {
             functions += 1;
+            if crate::serve::is_virtio_net(function) {
+                virtio_nets.push(*function);
+            }
             log!(
                 "pci {} {:04x}:{:04x} class {:02x}{:02x}{:02x}",
                 function.address,
@@ -211,10 +225,17 @@ mod board {
                 }
             }
         });
-        log!("pci: {functions} functions");
+        log!(
+            "pci: {functions} functions, {} virtio-net",
+            virtio_nets.len()
+        );
 
-        match crate::fw_cfg::find(MANIFEST_FILE) {
-            None => log!("manifest: no fw_cfg file {MANIFEST_FILE}: nothing to serve"),
+        // With a manifest: the blob and the pool's ring part (for the NICs).
+        let served = match crate::fw_cfg::find(MANIFEST_FILE) {
+            None => {
+                log!("manifest: no fw_cfg file {MANIFEST_FILE}: nothing to serve");
+                None
+            }
             Some(file) if file.size > MAX_MANIFEST => fail(
                 ExitCode::BadManifest,
                 format_args!(
@@ -245,6 +266,13 @@ mod board {
                     Bytes(plan.chunk_pools),
                     Bytes(plan.rings)
                 );
+                let stack = carve(
+                    &mut free,
+                    "engine stack",
+                    crate::serve::ENGINE_STACK_BYTES,
+                    4096,
+                );
+                log!("engine stack: {stack}");
                 if free.total() < plan.heap_bytes() {
                     fail(
                         ExitCode::NoMemory,
@@ -255,8 +283,14 @@ mod board {
                         ),
                     );
                 }
+                // The last RING_BYTES of the pool: NIC rings and buffers.
+                let rings = Range {
+                    start: pool.end - RING_BYTES.min(pool.len()),
+                    end: pool.end,
+                };
+                Some((blob, rings, stack))
             }
-        }
+        };
 
         // Everything not carved is heap (the engine's RAM volumes live there).
         for range in free.ranges() {
@@ -287,6 +321,22 @@ mod board {
                 #[allow(unsafe_code)]
                 "fault" => unsafe { core::arch::asm!("ud2", options(nomem, nostack)) },
                 _ => {}
+            }
+        }
+
+        if let Some((blob, rings, stack)) = served {
+            if virtio_nets.is_empty() {
+                log!("net: no virtio-net device: boot checks only, not serving");
+            } else {
+                crate::serve::on_stack(stack, move || {
+                    let manifest = match Manifest::parse(&blob) {
+                        Ok(manifest) => manifest,
+                        Err(error) => fail(ExitCode::BadManifest, format_args!("{error}")),
+                    };
+                    crate::serve::check_volume_kinds(&manifest);
+                    let nics = crate::serve::open_nics(&virtio_nets, &manifest, rings);
+                    crate::serve::serve(manifest, nics, clock)
+                });
             }
         }
 

@@ -176,3 +176,99 @@ pub fn enumerate(mut found: impl FnMut(&Function)) {
         }
     }
 }
+
+/// Writes the config dword at `offset` (rounded down to 4) of `address`.
+///
+/// # Safety
+///
+/// Config writes change how the device decodes addresses and whether it
+/// masters the bus: the caller must own `address` and know what the
+/// register does.
+unsafe fn write_config(address: Address, offset: u8, value: u32) {
+    let selector = 0x8000_0000
+        | (u32::from(address.bus) << 16)
+        | (u32::from(address.device & 0x1f) << 11)
+        | (u32::from(address.function & 0x7) << 8)
+        | u32::from(offset & 0xfc);
+    // SAFETY: the image owns the PCI configuration mechanism #1 ports;
+    // selecting a register has no effect of its own.
+    unsafe { outl(CONFIG_ADDRESS, selector) };
+    // SAFETY: the caller vouches for the register write (this function's
+    // contract).
+    unsafe { outl(CONFIG_DATA, value) };
+}
+
+/// Command register bits: memory space decoding.
+const COMMAND_MEMORY: u32 = 1 << 1;
+/// Command register bits: bus master (the device may DMA).
+const COMMAND_BUS_MASTER: u32 = 1 << 2;
+
+/// Turns on memory space decoding and bus mastering for a device the
+/// image drives (a virtio device cannot reach its rings without bus
+/// mastering). Returns the new command register.
+pub fn enable_memory_and_bus_master(address: Address) -> u16 {
+    let command_status = read_config(address, 0x04);
+    // The status half (upper 16 bits) is write-1-to-clear: write zeros.
+    let command = (command_status & 0xffff) | COMMAND_MEMORY | COMMAND_BUS_MASTER;
+    // SAFETY: the caller claimed this function (a virtio device found by
+    // enumeration, driven only by the image); enabling its memory BARs,
+    // which the firmware assigned, and bus mastering towards the
+    // identity-mapped DMA pool is what driving it requires.
+    unsafe { write_config(address, 0x04, command) };
+    read_config(address, 0x04) as u16
+}
+
+/// Capability id of a vendor-specific capability (virtio uses it).
+const CAPABILITY_VENDOR: u8 = 0x09;
+/// Most capabilities walked (a looping list ends here).
+const MAX_CAPABILITIES: usize = 48;
+
+/// The virtio vendor capabilities (`struct virtio_pci_cap`, VIRTIO 1.1
+/// §4.1.4) of `address`, in list order, at most `N`.
+pub fn virtio_capabilities<const N: usize>(
+    address: Address,
+) -> heapless::Vec<hal::virtio::transport::PciCapability, N> {
+    use hal::virtio::transport::{CapabilityType, PciCapability};
+    let mut found = heapless::Vec::new();
+    // Status bit 4: the capabilities list exists.
+    if read_config(address, 0x04) & (1 << 20) == 0 {
+        return found;
+    }
+    let mut pointer = (read_config(address, 0x34) & 0xfc) as u8;
+    for _ in 0..MAX_CAPABILITIES {
+        if pointer < 0x40 {
+            break;
+        }
+        let head = read_config(address, pointer);
+        let id = head as u8;
+        let next = ((head >> 8) as u8) & 0xfc;
+        // Byte 2: cap_len; byte 3: cfg_type. virtio_pci_cap is 16 bytes,
+        // the notify capability 20; the whole structure must fit in the
+        // 256-byte header.
+        let length = (head >> 16) as u8;
+        if id == CAPABILITY_VENDOR && length >= 16 && usize::from(pointer) + 16 <= 256 {
+            let cfg_type = CapabilityType::from((head >> 24) as u8);
+            let bar = read_config(address, pointer + 4) as u8;
+            let offset = read_config(address, pointer + 8);
+            let block_length = read_config(address, pointer + 12);
+            let notify_off_multiplier =
+                if cfg_type == CapabilityType::Notify && length >= 20 && pointer <= 236 {
+                    read_config(address, pointer + 16)
+                } else {
+                    0
+                };
+            let capability = PciCapability {
+                cfg_type,
+                bar,
+                offset,
+                length: block_length,
+                notify_off_multiplier,
+            };
+            if found.push(capability).is_err() {
+                break;
+            }
+        }
+        pointer = next;
+    }
+    found
+}

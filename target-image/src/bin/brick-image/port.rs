@@ -86,6 +86,11 @@ pub enum ExitCode {
     BadManifest = 0x12,
     /// The machine cannot hold what the manifest preallocates (QEMU status 39).
     NoMemory = 0x13,
+    /// A manifest interface has no usable virtio-net device (QEMU status 41).
+    NoNic = 0x14,
+    /// The manifest asks for a volume kind the image does not serve yet
+    /// (QEMU status 43).
+    Unsupported = 0x15,
 }
 
 /// Ends the VM through `isa-debug-exit`; halts forever if the device is

@@ -1,0 +1,419 @@
+//! Serving: the virtio-net NICs, the engine and the poll loop.
+//!
+//! [`open_nics`] claims the modern virtio-net functions (`1af4:1041`) the
+//! PCI walk found: memory space and bus mastering on, the virtio vendor
+//! capabilities parsed into [`PciRegions`], a [`PciTransport`] over them
+//! and one [`VirtioNet`] per manifest interface, with rings and buffers
+//! from a [`DmaPool`] over the ring part of the boot pool (identity-mapped:
+//! virtual == bus address). Interface `i` takes the first unclaimed NIC
+//! whose device MAC equals its manifest MAC, else the first unclaimed NIC
+//! in PCI order. The driver always uses the manifest MAC (the engine puts
+//! it in every frame it sends); QEMU's virtio-net does not filter received
+//! frames by MAC unless the guest programs a filter, so a device MAC that
+//! differs only shows in the log (`cargo xtask run-image --nic` gives QEMU
+//! the manifest MAC, so they agree).
+//!
+//! [`serve`] runs on its own stack (the caller switches with
+//! [`on_stack`]; [`ENGINE_STACK_BYTES`]: building the engine overflows the
+//! 256 KiB boot stack), checks that the heap holds the engine's registered
+//! arenas (allocated from the heap, not the boot pool, for now), builds
+//! the engine (RAM volumes; keys from RDRAND) and runs the loop of
+//! `brick-target`: a bounded receive burst per NIC into
+//! `Engine::receive`, `Engine::poll` transmitting through the NICs, a
+//! `flush` per NIC (TX doorbells are batched), then idling. The NICs are
+//! polled (no interrupts), so a halted CPU does not see frames arrive:
+//! after activity the loop keeps polling for [`SPIN_NS`], then halts in
+//! slices of at most [`HALT_SLICE_NS`] (PIT one-shot) or until the
+//! engine's next deadline, whichever is sooner. The first frame after a
+//! quiet spell therefore waits up to one slice.
+//!
+//! Unsafe: the transport's construction (register addresses vouched for
+//! by the PCI probe), the DMA region (carved from free RAM) and the stack
+//! switch in [`on_stack`].
+
+#![allow(unsafe_code)]
+
+use alloc::vec::Vec;
+use core::fmt;
+
+use hal::dma::{DmaPool, DmaRegion};
+use hal::virtio::net::{NetConfig, VirtioNet};
+use hal::virtio::read_config_bytes;
+use hal::virtio::transport::{PciRegions, PciTransport, VirtioTransport};
+use hal::{Clock, Idle, Nic};
+use manifest::binary::{Backing, Manifest};
+use target_image::boot::memory::Range;
+use target_image::boot::pvh::Bytes;
+use target_image::Engine;
+use verbs::KeySource;
+
+use crate::clock::Tsc;
+use crate::interrupts::PitIdle;
+use crate::memory::IDENTITY_LIMIT;
+use crate::pci::{self, Bar, Function};
+use crate::port::{exit, ExitCode};
+
+/// PCI vendor id of virtio devices.
+pub const VIRTIO_VENDOR: u16 = 0x1af4;
+/// PCI device id of a modern (non-transitional) virtio-net device.
+pub const VIRTIO_NET_MODERN: u16 = 0x1041;
+/// Virtio capabilities remembered per device (QEMU has five).
+const MAX_VIRTIO_CAPABILITIES: usize = 8;
+/// Frames taken from one NIC per loop turn (bounds the work per turn).
+const RX_BURST: usize = 32;
+/// How long the loop keeps polling after the last activity before halting.
+pub const SPIN_NS: u64 = 2_000_000;
+/// Longest halt while the NICs are idle (their frames raise no interrupt).
+pub const HALT_SLICE_NS: u64 = 1_000_000;
+/// Statistics are logged every this often while frames flow.
+const STATS_EVERY_NS: u64 = 30_000_000_000;
+
+/// The image's NIC type.
+pub type Net = VirtioNet<PciTransport>;
+
+/// A MAC address for the log.
+struct Mac([u8; 6]);
+
+impl fmt::Display for Mac {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let [a, b, c, d, e, g] = self.0;
+        write!(f, "{a:02x}:{b:02x}:{c:02x}:{d:02x}:{e:02x}:{g:02x}")
+    }
+}
+
+fn fail(code: ExitCode, args: fmt::Arguments<'_>) -> ! {
+    log!("FATAL: {args}");
+    exit(code)
+}
+
+/// Whether `function` is a modern virtio-net device.
+pub fn is_virtio_net(function: &Function) -> bool {
+    function.vendor == VIRTIO_VENDOR && function.device == VIRTIO_NET_MODERN
+}
+
+/// Refuses (exit [`ExitCode::Unsupported`]) a manifest with a volume kind
+/// the image does not serve yet: only RAM volumes today.
+pub fn check_volume_kinds(manifest: &Manifest<'_>) {
+    let mut refused = 0;
+    for volume in manifest.volumes() {
+        if !matches!(volume.backing, Backing::Ram { .. }) {
+            log!(
+                "volume {}: kind {} is not served by the image yet (RAM volumes only)",
+                volume.name,
+                volume.backing.kind().as_str()
+            );
+            refused += 1;
+        }
+    }
+    if refused > 0 {
+        fail(
+            ExitCode::Unsupported,
+            format_args!("{refused} volume(s) of a kind the image cannot serve: manifest refused"),
+        );
+    }
+}
+
+/// The register blocks of a virtio function, or why not.
+fn regions(function: &Function) -> Result<PciRegions, &'static str> {
+    let capabilities = pci::virtio_capabilities::<MAX_VIRTIO_CAPABILITIES>(function.address);
+    let mut bars = [0u64; 6];
+    for (slot, bar) in bars.iter_mut().zip(function.bars) {
+        if let Some(Bar::Memory { address, .. }) = bar {
+            *slot = address;
+        }
+    }
+    let regions = PciRegions::from_capabilities(&bars, &capabilities)
+        .ok_or("no common, notify or device virtio capability in a memory BAR")?;
+    let below_identity_limit = |address: u64, len: u32| {
+        address != 0
+            && address
+                .checked_add(u64::from(len))
+                .is_some_and(|end| end <= IDENTITY_LIMIT)
+    };
+    if !below_identity_limit(regions.common, regions.common_len)
+        || !below_identity_limit(regions.notify, regions.notify_len)
+        || !below_identity_limit(regions.device, regions.device_len)
+    {
+        return Err("a register block lies outside the identity-mapped 4 GiB");
+    }
+    Ok(regions)
+}
+
+/// A transport for `function` (memory space and bus master enabled), or why not.
+fn transport(function: &Function) -> Result<PciTransport, &'static str> {
+    let command = pci::enable_memory_and_bus_master(function.address);
+    if command & 0b110 != 0b110 {
+        return Err("memory space or bus master did not stick");
+    }
+    let regions = regions(function)?;
+    // SAFETY: `regions` come from this function's own virtio capabilities
+    // and its firmware-assigned memory BARs, checked to lie inside the
+    // 0-4 GiB identity map (virtual == physical; QEMU's MMIO ignores the
+    // cache type of the mapping); memory decoding and bus mastering were
+    // just enabled; the function is claimed once (each PCI function is
+    // visited once) and nothing else touches its registers.
+    unsafe { PciTransport::new(regions) }.ok_or("register block missing or too short")
+}
+
+/// Brings up one [`Net`] per manifest interface from the virtio-net
+/// `functions` (PCI order), with rings and buffers from `dma`. Exits with
+/// [`ExitCode::NoNic`] if a NIC is missing or fails to start.
+pub fn open_nics(functions: &[Function], manifest: &Manifest<'_>, dma: Range) -> Vec<Net> {
+    let len = usize::try_from(dma.len()).unwrap_or(0);
+    // SAFETY: `dma` was carved from the free RAM of the memory map (not
+    // the image, the heap or loader data) below the 4 GiB identity map, so
+    // virtual == physical and QEMU's devices reach it at that address (no
+    // IOMMU); only the DMA pool uses it, for as long as the image runs.
+    let region = match unsafe { DmaRegion::new(dma.start as usize as *mut u8, dma.start, len) } {
+        Ok(region) => region,
+        Err(error) => fail(ExitCode::Failure, format_args!("DMA region {dma}: {error}")),
+    };
+    let mut pool = DmaPool::new(region);
+    let config = NetConfig::default();
+    let mut claimed = alloc::vec![false; functions.len()];
+    let mut transports: Vec<Option<(PciTransport, [u8; 6])>> = functions
+        .iter()
+        .map(|function| match transport(function) {
+            Ok(mut transport) => {
+                let mac = read_config_bytes::<_, 6>(&mut transport, 0);
+                Some((transport, mac))
+            }
+            Err(why) => {
+                log!("net: pci {}: not usable: {why}", function.address);
+                None
+            }
+        })
+        .collect();
+    let mut nics = Vec::new();
+    for (index, interface) in manifest.interfaces().enumerate() {
+        if usize::from(interface.mtu) > hal::virtio::net::MTU {
+            fail(
+                ExitCode::NoNic,
+                format_args!(
+                    "interface {interface}: the virtio-net driver carries an MTU of {} at most",
+                    hal::virtio::net::MTU
+                ),
+            );
+        }
+        let wanted = interface.mac.0;
+        let by_mac = transports
+            .iter()
+            .zip(&claimed)
+            .position(|(t, used)| !used && t.as_ref().is_some_and(|(_, mac)| *mac == wanted));
+        let by_order = || {
+            transports
+                .iter()
+                .zip(&claimed)
+                .position(|(t, used)| !used && t.is_some())
+        };
+        let Some(slot) = by_mac.or_else(by_order) else {
+            fail(
+                ExitCode::NoNic,
+                format_args!(
+                    "interface {index} ({interface}): no usable virtio-net device left \
+                     ({} found): boot QEMU with one -device virtio-net-pci per interface",
+                    functions.len()
+                ),
+            );
+        };
+        claimed[slot] = true;
+        let Some((mut transport, device_mac)) = transports[slot].take() else {
+            continue;
+        };
+        let offered = transport.device_features();
+        let net_config = NetConfig {
+            mac: Some(wanted),
+            ..config
+        };
+        let net = match VirtioNet::new(transport, &mut pool, net_config) {
+            Ok(net) => net,
+            Err(error) => fail(
+                ExitCode::NoNic,
+                format_args!(
+                    "interface {} on pci {}: virtio-net: {error}",
+                    interface.name, functions[slot].address
+                ),
+            ),
+        };
+        let agreement = if device_mac == wanted {
+            "matches the manifest"
+        } else if offered & hal::virtio::net::F_MAC == 0 {
+            "device offers no MAC; the manifest MAC is used"
+        } else {
+            "differs: frames carry the manifest MAC (QEMU does not filter)"
+        };
+        log!(
+            "net: interface {} on pci {}: device MAC {} {agreement}; features {:#x}, DMA left {} KiB",
+            interface.name,
+            functions[slot].address,
+            Mac(device_mac),
+            net.features(),
+            pool.remaining() / 1024
+        );
+        nics.push(net);
+    }
+    nics
+}
+
+/// Keys for the engine's memory registrations.
+struct Keys(crate::rng::Source);
+
+impl KeySource for Keys {
+    fn next_u32(&mut self) -> u32 {
+        hal::Rng::next_u32(&mut self.0)
+    }
+}
+
+/// Gathers the engine's pieces (payload, then the trailer) without empty
+/// ones; `None` if there are more than a frame ever has.
+fn gather<'a>(payload: &[&'a [u8]], trailer: &'a [u8], out: &mut [&'a [u8]; 8]) -> Option<usize> {
+    let mut count = 0;
+    for piece in payload.iter().copied().chain([trailer]) {
+        if piece.is_empty() {
+            continue;
+        }
+        *out.get_mut(count)? = piece;
+        count += 1;
+    }
+    Some(count)
+}
+
+/// Builds the engine from `manifest` and serves on `nics` until the VM is
+/// stopped. `boot_ns` is the image's boot clock at the call (for the
+/// "serving after" line).
+pub fn serve(manifest: Manifest<'_>, mut nics: Vec<Net>, clock: Tsc) -> ! {
+    // The engine allocates its registered arenas from the heap (not from
+    // the boot pool, yet): refuse clearly rather than fail an allocation.
+    let arenas = (target_image::arena_bytes(&target_image::server_config(&manifest)) as u64)
+        .saturating_mul(nics.len() as u64);
+    let (heap_free, _, _) = crate::memory::HEAP.stats();
+    log!(
+        "engine: registered arenas {} of {} heap",
+        Bytes(arenas),
+        Bytes(heap_free)
+    );
+    if arenas.saturating_add(manifest.ram_volume_bytes()) > heap_free {
+        fail(
+            ExitCode::NoMemory,
+            format_args!(
+                "the engine needs {} of arenas and {} of RAM volumes, the heap has {}: \
+                 give the guest more memory or lower [limits] queue_depth / max_sessions",
+                Bytes(arenas),
+                Bytes(manifest.ram_volume_bytes()),
+                Bytes(heap_free)
+            ),
+        );
+    }
+    let mut engine = match Engine::new(manifest, |_| Keys(crate::rng::Source::detect())) {
+        Ok(engine) => engine,
+        Err(error) => fail(ExitCode::BadManifest, format_args!("engine: {error}")),
+    };
+    engine.set_logger(|args| log!("{args}"));
+    for volume in engine.manifest().volumes() {
+        log!("serving {volume}");
+    }
+    let target = engine.manifest().target();
+    let started = clock.now();
+    log!(
+        "serving after {} us (image entry to poll loop; RDMA CM port {}, {} NIC(s))",
+        started / 1000,
+        target.port,
+        nics.len()
+    );
+    let mut idle = PitIdle::new(clock);
+    let mut last_busy = started;
+    let mut next_stats = started + STATS_EVERY_NS;
+    let mut frames_since_stats = 0u64;
+    loop {
+        let now = clock.now();
+        let mut busy = false;
+        for (index, nic) in nics.iter_mut().enumerate() {
+            for _ in 0..RX_BURST {
+                match nic.receive(|frame| engine.receive(index, now, frame)) {
+                    Ok(Some(())) => {
+                        busy = true;
+                        frames_since_stats += 1;
+                    }
+                    Ok(None) => break,
+                    Err(error) => {
+                        log!("net: interface {index}: receive: {error}");
+                        break;
+                    }
+                }
+            }
+        }
+        busy |= engine.poll(
+            now,
+            &mut |interface: usize, headers: &[u8], payload: &[&[u8]], trailer: &[u8]| {
+                let mut pieces: [&[u8]; 8] = [&[]; 8];
+                if let (Some(nic), Some(count)) = (
+                    nics.get_mut(interface),
+                    gather(payload, trailer, &mut pieces),
+                ) {
+                    // Drops (a full ring) are recovered by the transport.
+                    let _ = nic.transmit(headers, &pieces[..count]);
+                }
+            },
+        );
+        for nic in &mut nics {
+            nic.flush();
+        }
+        if now >= next_stats && frames_since_stats > 0 {
+            next_stats = now + STATS_EVERY_NS;
+            frames_since_stats = 0;
+            for line in alloc::format!("{}", engine.stats()).lines() {
+                log!("{line}");
+            }
+        }
+        if busy {
+            last_busy = now;
+            continue;
+        }
+        let now = clock.now();
+        let wake = engine.poll_at(now);
+        if wake.is_some_and(|wake| wake <= now) || now.saturating_sub(last_busy) < SPIN_NS {
+            continue;
+        }
+        let slice_end = now + HALT_SLICE_NS;
+        idle.idle_until(Some(wake.map_or(slice_end, |wake| wake.min(slice_end))));
+    }
+}
+
+/// Bytes of the engine's stack: the engine builds large tables on the
+/// stack while starting (the hosted runner gives its thread 256 MiB), far
+/// beyond the 256 KiB boot stack. No guard page: the identity map uses
+/// 2 MiB pages.
+pub const ENGINE_STACK_BYTES: u64 = 32 << 20;
+
+/// Runs `f` on the stack `stack` (a carved range nothing else uses);
+/// never returns (if `f` does, the image exits with a failure), so the
+/// boot stack's frames stay as they are.
+pub fn on_stack<F: FnOnce()>(stack: Range, f: F) -> ! {
+    extern "C" fn enter<F: FnOnce()>(slot: *mut Option<F>) -> ! {
+        // SAFETY: `slot` points at `on_stack`'s local on the boot stack,
+        // which is never popped (`on_stack` does not return) and which
+        // nothing else references after the switch.
+        let slot = unsafe { &mut *slot };
+        if let Some(f) = slot.take() {
+            f();
+        }
+        log!("FATAL: the engine's stack frame returned");
+        exit(ExitCode::Failure)
+    }
+    let mut slot = Some(f);
+    let top = stack.end & !0xf;
+    // SAFETY: `stack` is carved RAM inside the identity map that nothing
+    // else uses; `top` is 16-byte aligned so `enter` starts with the ABI's
+    // alignment after `call`; `enter` never returns, so the abandoned boot
+    // stack is never unwound into; `slot` stays valid (see `enter`).
+    unsafe {
+        core::arch::asm!(
+            "mov rsp, {top}",
+            "call {enter}",
+            top = in(reg) top,
+            enter = sym enter::<F>,
+            in("rdi") &raw mut slot,
+            options(noreturn)
+        )
+    }
+}
