@@ -1,0 +1,888 @@
+//! The daemon's TOML config: volumes to keep mapped through the rnbd client.
+//!
+//! Decoding is derived (`serde`, `#[serde(deny_unknown_fields)]` on every
+//! table) and every value keeps its span, so each error names the file, the
+//! line and the field path, the way the manifest compiler does
+//! (`manifest/src/compile.rs`), e.g.
+//! `initiator.toml:7: volumes[1].paths[0]: expected an address like "10.77.0.1" or "10.77.0.2@10.77.0.1", found "10.77.0"`.
+//!
+//! ```toml
+//! [daemon]                      # optional
+//! poll_interval_ms = 1000       # how often sysfs is compared with this file
+//! retry_interval_s = 5          # at most one attempt per action and interval
+//! reconnect_after_s = 5         # a path disconnected this long gets `reconnect`
+//! remap_after_s = 2             # a closed device with a path up this long gets `remap_device`
+//!
+//! [[volumes]]
+//! name = "db"                   # /dev/brick/db
+//! session = "host1-brick"       # rnbd/rtrs session name (sessname=)
+//! device_path = "vol0"          # device_path= on the target
+//! access_mode = "rw"            # ro | rw | migration (default rw)
+//! port = 1234                   # dest_port= (default 1234)
+//! paths = ["10.77.0.1", "10.78.0.2@10.78.0.1"]   # [source@]target
+//! ```
+//!
+//! Volumes that share a session must list the same paths and port: paths
+//! belong to the RTRS session, not to a device (`rtrs.md` §7).
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::{IpAddr, Ipv6Addr};
+use std::ops::Range;
+use std::path::Path;
+
+use serde::Deserialize;
+use toml::Spanned;
+
+/// Where the daemon looks for its config unless `--config` says otherwise.
+pub const DEFAULT_CONFIG_PATH: &str = "/etc/brick/initiator.toml";
+/// The rnbd client's default `dest_port`.
+pub const DEFAULT_PORT: u16 = 1234;
+/// Paths per session: RTRS accepts at most 128 (`rtrs.md` §7); the first
+/// six go into `map_device`, the rest are added with `add_path`.
+pub const MAX_PATHS: usize = 128;
+/// `path=` options one `map_device` write accepts (`rnbd.md` §5.1).
+pub const MAX_MAP_PATHS: usize = 6;
+/// Longest session name the rnbd client takes safely (`rnbd.md` §5.1).
+pub const MAX_SESSION_LEN: usize = 254;
+/// Longest `device_path` the rnbd client takes (`rnbd.md` §5.1).
+pub const MAX_DEVICE_PATH_LEN: usize = 254;
+/// Longest volume name; it becomes a file name under `/dev/brick`.
+pub const MAX_NAME_LEN: usize = 64;
+
+/// A config the daemon refuses, located by file, line and field path.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct ConfigError {
+    /// The file name given to the parser.
+    pub file: String,
+    /// 1-based line, if the problem has a place in the text.
+    pub line: Option<usize>,
+    /// The field path (`volumes[1].paths[0]`), empty for the whole document.
+    pub path: String,
+    /// What is wrong, one line: what was expected and what was found.
+    pub message: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:", self.file)?;
+        if let Some(line) = self.line {
+            write!(f, "{line}:")?;
+        }
+        if !self.path.is_empty() {
+            write!(f, " {}:", self.path)?;
+        }
+        write!(f, " {}", self.message)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// How a volume is opened on the target (`access_mode=`).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum AccessMode {
+    /// Read-only; any number of sessions may open it so.
+    ReadOnly,
+    /// Read-write (the rnbd default); one writer at a time.
+    ReadWrite,
+    /// A second read-write opener during live migration.
+    Migration,
+}
+
+impl AccessMode {
+    /// The word the rnbd client uses, in `map_device` and in `access_mode`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::ReadOnly => "ro",
+            Self::ReadWrite => "rw",
+            Self::Migration => "migration",
+        }
+    }
+
+    /// Parses the rnbd word (`ro`, `rw`, `migration`).
+    pub fn parse(text: &str) -> Option<Self> {
+        match text {
+            "ro" => Some(Self::ReadOnly),
+            "rw" => Some(Self::ReadWrite),
+            "migration" => Some(Self::Migration),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for AccessMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One RTRS address: `ip:<IPv4|IPv6>` or `gid:<GID>` (`rtrs.md` §8).
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug, Hash)]
+pub enum Address {
+    /// An IP address (RoCE, iWARP, IPoIB).
+    Ip(IpAddr),
+    /// An InfiniBand GID, written like an IPv6 address.
+    Gid(Ipv6Addr),
+}
+
+impl Address {
+    /// Parses `10.0.0.1`, `ip:10.0.0.1`, `fe80::1`, `ip:fe80::1%2` or
+    /// `gid:fe80::2`. A `%scope` suffix (as the kernel prints link-local
+    /// addresses) is ignored.
+    pub fn parse(text: &str) -> Option<Self> {
+        let strip_scope = |t: &str| t.split('%').next().unwrap_or(t).to_owned();
+        if let Some(gid) = text.strip_prefix("gid:") {
+            return strip_scope(gid).parse().ok().map(Self::Gid);
+        }
+        let ip = text.strip_prefix("ip:").unwrap_or(text);
+        strip_scope(ip).parse().ok().map(Self::Ip)
+    }
+}
+
+impl fmt::Display for Address {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Ip(ip) => write!(f, "ip:{ip}"),
+            Self::Gid(gid) => write!(f, "gid:{gid}"),
+        }
+    }
+}
+
+/// One path of a session: the target address and, optionally, the local
+/// address to bind.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug, Hash)]
+pub struct PathSpec {
+    /// Local address; the kernel chooses one when absent.
+    pub source: Option<Address>,
+    /// The target's address.
+    pub target: Address,
+}
+
+impl PathSpec {
+    /// Parses `[source@]target`, each side as [`Address::parse`].
+    pub fn parse(text: &str) -> Option<Self> {
+        match text.split_once('@') {
+            Some((source, target)) => Some(Self {
+                source: Some(Address::parse(source)?),
+                target: Address::parse(target)?,
+            }),
+            None => Some(Self {
+                source: None,
+                target: Address::parse(text)?,
+            }),
+        }
+    }
+
+    /// Whether a path the kernel lists (`paths/<src@dst>`) is this one: the
+    /// target matches, and the source too if this spec names one.
+    pub fn matches(&self, source: Option<Address>, target: Address) -> bool {
+        self.target == target && (self.source.is_none() || self.source == source)
+    }
+}
+
+impl fmt::Display for PathSpec {
+    /// The rnbd/rtrs form, `[src@]dst` (as `path=` and `add_path` take it).
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some(source) = &self.source {
+            write!(f, "{source}@")?;
+        }
+        write!(f, "{}", self.target)
+    }
+}
+
+/// One volume to keep mapped.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct Volume {
+    /// The stable name: `/dev/brick/<name>`.
+    pub name: String,
+    /// The rnbd/rtrs session name.
+    pub session: String,
+    /// The device path on the target (`device_path=`).
+    pub device_path: String,
+    /// How the target opens it.
+    pub access_mode: AccessMode,
+    /// The target's RTRS port (`dest_port=`).
+    pub port: u16,
+    /// The session's paths, in config order; at least one.
+    pub paths: Vec<PathSpec>,
+    /// The 1-based config line of this `[[volumes]]` entry, for log lines.
+    pub line: usize,
+}
+
+/// Daemon timing knobs (`[daemon]`).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct DaemonSettings {
+    /// Time between two comparisons of sysfs with the config.
+    pub poll_interval_ms: u64,
+    /// Least time between two attempts of the same action.
+    pub retry_interval_s: u64,
+    /// How long a path stays disconnected before the daemon writes its
+    /// `reconnect` (skipping RTRS's 30 s delay, or reviving a path RTRS
+    /// gave up after `max_reconnect_attempts`).
+    pub reconnect_after_s: u64,
+    /// How long a device stays `closed` while its session has a connected
+    /// path before the daemon writes `remap_device`: rnbd reopens devices
+    /// itself, asynchronously, when a path comes back (`rnbd.md` §5.2), and
+    /// the daemon must not race it.
+    pub remap_after_s: u64,
+}
+
+impl Default for DaemonSettings {
+    fn default() -> Self {
+        Self {
+            poll_interval_ms: 1000,
+            retry_interval_s: 5,
+            reconnect_after_s: 5,
+            remap_after_s: 2,
+        }
+    }
+}
+
+/// A validated config.
+#[derive(Clone, PartialEq, Eq, Debug, Default)]
+pub struct Config {
+    /// Timing knobs.
+    pub daemon: DaemonSettings,
+    /// The volumes, in config order; names are unique.
+    pub volumes: Vec<Volume>,
+}
+
+impl Config {
+    /// The volume called `name`.
+    pub fn volume(&self, name: &str) -> Option<&Volume> {
+        self.volumes.iter().find(|v| v.name == name)
+    }
+}
+
+/// Reads and parses a config file.
+///
+/// # Errors
+///
+/// The file cannot be read, or as [`parse`].
+pub fn load(path: &Path) -> Result<Config, ConfigError> {
+    let file = path.display().to_string();
+    let source = std::fs::read_to_string(path).map_err(|e| ConfigError {
+        file: file.clone(),
+        line: None,
+        path: String::new(),
+        message: format!("cannot read: {e}"),
+    })?;
+    parse(&source, &file)
+}
+
+/// Parses and validates config text. `file` names the source in errors.
+///
+/// # Errors
+///
+/// The first problem found, with its line and field path.
+pub fn parse(source: &str, file: &str) -> Result<Config, ConfigError> {
+    Parser { source, file }.parse()
+}
+
+// The document as written. Integers are i64 so range errors are ours.
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    daemon: Option<Spanned<RawDaemon>>,
+    volumes: Option<Spanned<Vec<Spanned<RawVolume>>>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawDaemon {
+    poll_interval_ms: Option<Spanned<i64>>,
+    retry_interval_s: Option<Spanned<i64>>,
+    reconnect_after_s: Option<Spanned<i64>>,
+    remap_after_s: Option<Spanned<i64>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawVolume {
+    name: Spanned<String>,
+    session: Spanned<String>,
+    device_path: Spanned<String>,
+    access_mode: Option<Spanned<String>>,
+    port: Option<Spanned<i64>>,
+    paths: Spanned<Vec<Spanned<String>>>,
+}
+
+struct Parser<'s> {
+    source: &'s str,
+    file: &'s str,
+}
+
+/// Characters allowed in a volume name (a file name under `/dev/brick`).
+fn check_name(name: &str) -> Result<(), String> {
+    if name.is_empty() {
+        return Err("expected a name, found an empty string".into());
+    }
+    if name.len() > MAX_NAME_LEN {
+        return Err(format!(
+            "expected at most {MAX_NAME_LEN} bytes, found {}",
+            name.len()
+        ));
+    }
+    if name == "." || name == ".." || name.starts_with('-') {
+        return Err(format!("{name:?} cannot be a file name under /dev/brick"));
+    }
+    if let Some(c) = name
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.')))
+    {
+        return Err(format!(
+            "expected letters, digits, '-', '_' or '.', found {c:?} in {name:?}"
+        ));
+    }
+    Ok(())
+}
+
+/// Session names: RTRS rejects `/` and `.`; spaces would split the
+/// `map_device` line.
+fn check_session(session: &str) -> Result<(), String> {
+    if session.is_empty() {
+        return Err("expected a session name, found an empty string".into());
+    }
+    if session.len() > MAX_SESSION_LEN {
+        return Err(format!(
+            "expected at most {MAX_SESSION_LEN} bytes, found {}",
+            session.len()
+        ));
+    }
+    if let Some(c) = session
+        .chars()
+        .find(|c| !(c.is_ascii_graphic()) || matches!(c, '/' | '.'))
+    {
+        return Err(format!(
+            "expected printable ASCII without '/', '.' or spaces, found {c:?} in {session:?}"
+        ));
+    }
+    Ok(())
+}
+
+/// Device paths: relative to the target's `dev_search_path`, no `..`, no
+/// spaces (the `map_device` line is split at spaces).
+fn check_device_path(path: &str) -> Result<(), String> {
+    if path.is_empty() {
+        return Err("expected a device path, found an empty string".into());
+    }
+    if path.len() > MAX_DEVICE_PATH_LEN {
+        return Err(format!(
+            "expected at most {MAX_DEVICE_PATH_LEN} bytes, found {}",
+            path.len()
+        ));
+    }
+    if path.split('/').any(|part| part == "..") {
+        return Err(format!("expected no \"..\" component, found {path:?}"));
+    }
+    if let Some(c) = path.chars().find(|c| !c.is_ascii_graphic()) {
+        return Err(format!(
+            "expected printable ASCII without spaces, found {c:?} in {path:?}"
+        ));
+    }
+    Ok(())
+}
+
+impl Parser<'_> {
+    fn line(&self, offset: usize) -> usize {
+        let offset = offset.min(self.source.len());
+        self.source
+            .get(..offset)
+            .unwrap_or("")
+            .matches('\n')
+            .count()
+            + 1
+    }
+
+    fn error(
+        &self,
+        span: Option<Range<usize>>,
+        path: impl Into<String>,
+        message: impl Into<String>,
+    ) -> ConfigError {
+        // One line, always: a key or a value may hold a newline.
+        let one_line = |text: String| text.replace('\r', "\\r").replace('\n', "\\n");
+        ConfigError {
+            file: self.file.to_owned(),
+            line: span.map(|s| self.line(s.start)),
+            path: one_line(path.into()),
+            message: one_line(message.into()),
+        }
+    }
+
+    fn at<T>(
+        &self,
+        value: &Spanned<T>,
+        path: impl Into<String>,
+        message: impl Into<String>,
+    ) -> ConfigError {
+        self.error(Some(value.span()), path, message)
+    }
+
+    fn integer(
+        &self,
+        value: Option<&Spanned<i64>>,
+        path: &str,
+        range: std::ops::RangeInclusive<u64>,
+        default: u64,
+    ) -> Result<u64, ConfigError> {
+        let Some(value) = value else {
+            return Ok(default);
+        };
+        let n = *value.get_ref();
+        match u64::try_from(n) {
+            Ok(v) if range.contains(&v) => Ok(v),
+            _ => Err(self.at(
+                value,
+                path,
+                format!("expected {}..={}, found {n}", range.start(), range.end()),
+            )),
+        }
+    }
+
+    /// Turns a decoder error into one with a line and field path.
+    fn decode_error(&self, error: toml::de::Error) -> ConfigError {
+        let message = error.message().trim().to_owned();
+        let Some(span) = error
+            .span()
+            .filter(|s| !(s.start == 0 && (s.end == 0 || s.end >= self.source.trim_end().len())))
+        else {
+            return self.error(None, "", message);
+        };
+        let path = toml::de::DeTable::parse(self.source)
+            .map(|document| find_path(document.get_ref(), span.start))
+            .unwrap_or_default();
+        self.error(Some(span), path, message)
+    }
+
+    fn parse(&self) -> Result<Config, ConfigError> {
+        let raw: RawConfig = toml::from_str(self.source).map_err(|e| self.decode_error(e))?;
+        let daemon = self.daemon(raw.daemon.as_ref())?;
+        let volumes = self.volumes(raw.volumes.as_ref())?;
+        Ok(Config { daemon, volumes })
+    }
+
+    fn daemon(&self, raw: Option<&Spanned<RawDaemon>>) -> Result<DaemonSettings, ConfigError> {
+        let defaults = DaemonSettings::default();
+        let Some(raw) = raw.map(Spanned::get_ref) else {
+            return Ok(defaults);
+        };
+        Ok(DaemonSettings {
+            poll_interval_ms: self.integer(
+                raw.poll_interval_ms.as_ref(),
+                "daemon.poll_interval_ms",
+                10..=60_000,
+                defaults.poll_interval_ms,
+            )?,
+            retry_interval_s: self.integer(
+                raw.retry_interval_s.as_ref(),
+                "daemon.retry_interval_s",
+                0..=3600,
+                defaults.retry_interval_s,
+            )?,
+            reconnect_after_s: self.integer(
+                raw.reconnect_after_s.as_ref(),
+                "daemon.reconnect_after_s",
+                0..=3600,
+                defaults.reconnect_after_s,
+            )?,
+            remap_after_s: self.integer(
+                raw.remap_after_s.as_ref(),
+                "daemon.remap_after_s",
+                0..=3600,
+                defaults.remap_after_s,
+            )?,
+        })
+    }
+
+    fn volumes(
+        &self,
+        raw: Option<&Spanned<Vec<Spanned<RawVolume>>>>,
+    ) -> Result<Vec<Volume>, ConfigError> {
+        let Some(raw) = raw else {
+            // An empty daemon is legal: it maps nothing (and, on reload,
+            // unmaps what it mapped before).
+            return Ok(Vec::new());
+        };
+        let mut volumes: Vec<Volume> = Vec::new();
+        // Per session: the first volume naming it, for the same-paths rule.
+        let mut sessions: BTreeMap<String, usize> = BTreeMap::new();
+        for (i, item) in raw.get_ref().iter().enumerate() {
+            let at = |field: &str| format!("volumes[{i}].{field}");
+            let volume = self.volume(item, i)?;
+            if let Some(first) = volumes.iter().find(|v| v.name == volume.name) {
+                return Err(self.at(
+                    &item.get_ref().name,
+                    at("name"),
+                    format!(
+                        "expected a unique name, found {:?} again (first on line {})",
+                        volume.name, first.line
+                    ),
+                ));
+            }
+            if let Some(first) = volumes
+                .iter()
+                .find(|v| v.session == volume.session && v.device_path == volume.device_path)
+            {
+                return Err(self.at(
+                    &item.get_ref().device_path,
+                    at("device_path"),
+                    format!(
+                        "{:?} is already mapped in session {:?} by volume {:?} (line {}); \
+                         the rnbd client maps a device once per session",
+                        volume.device_path, volume.session, first.name, first.line
+                    ),
+                ));
+            }
+            if let Some(&first) = sessions.get(&volume.session) {
+                let first = &volumes[first];
+                if first.paths != volume.paths || first.port != volume.port {
+                    return Err(self.at(
+                        &item.get_ref().paths,
+                        at("paths"),
+                        format!(
+                            "session {:?} already has paths {} port {} from volume {:?} (line {}); \
+                             volumes sharing a session must list the same paths and port, found {} port {}",
+                            volume.session,
+                            list(&first.paths),
+                            first.port,
+                            first.name,
+                            first.line,
+                            list(&volume.paths),
+                            volume.port
+                        ),
+                    ));
+                }
+            } else {
+                sessions.insert(volume.session.clone(), volumes.len());
+            }
+            volumes.push(volume);
+        }
+        Ok(volumes)
+    }
+
+    fn volume(&self, item: &Spanned<RawVolume>, i: usize) -> Result<Volume, ConfigError> {
+        let raw = item.get_ref();
+        let at = |field: &str| format!("volumes[{i}].{field}");
+        check_name(raw.name.get_ref()).map_err(|m| self.at(&raw.name, at("name"), m))?;
+        check_session(raw.session.get_ref())
+            .map_err(|m| self.at(&raw.session, at("session"), m))?;
+        check_device_path(raw.device_path.get_ref())
+            .map_err(|m| self.at(&raw.device_path, at("device_path"), m))?;
+        let access_mode = match &raw.access_mode {
+            None => AccessMode::ReadWrite,
+            Some(text) => AccessMode::parse(text.get_ref()).ok_or_else(|| {
+                self.at(
+                    text,
+                    at("access_mode"),
+                    format!(
+                        "expected \"ro\", \"rw\" or \"migration\", found {:?}",
+                        text.get_ref()
+                    ),
+                )
+            })?,
+        };
+        let port = self.integer(
+            raw.port.as_ref(),
+            &at("port"),
+            0..=u64::from(u16::MAX),
+            u64::from(DEFAULT_PORT),
+        )?;
+        let port = u16::try_from(port).unwrap_or(DEFAULT_PORT);
+        let texts = raw.paths.get_ref();
+        if texts.is_empty() || texts.len() > MAX_PATHS {
+            return Err(self.at(
+                &raw.paths,
+                at("paths"),
+                format!(
+                    "expected 1..={MAX_PATHS} paths like \"10.77.0.1\", found {}",
+                    texts.len()
+                ),
+            ));
+        }
+        let mut paths: Vec<PathSpec> = Vec::new();
+        for (j, text) in texts.iter().enumerate() {
+            let path = PathSpec::parse(text.get_ref().trim()).ok_or_else(|| {
+                self.at(
+                    text,
+                    at(&format!("paths[{j}]")),
+                    format!(
+                        "expected an address like \"10.77.0.1\" or \"10.77.0.2@10.77.0.1\" \
+                         (ip:, gid: prefixes allowed), found {:?}",
+                        text.get_ref()
+                    ),
+                )
+            })?;
+            if paths
+                .iter()
+                .any(|p| p.target == path.target && p.source == path.source)
+            {
+                return Err(self.at(
+                    text,
+                    at(&format!("paths[{j}]")),
+                    format!("expected distinct paths, found {path} twice"),
+                ));
+            }
+            paths.push(path);
+        }
+        Ok(Volume {
+            name: raw.name.get_ref().clone(),
+            session: raw.session.get_ref().clone(),
+            device_path: raw.device_path.get_ref().clone(),
+            access_mode,
+            port,
+            paths,
+            line: self.line(item.span().start),
+        })
+    }
+}
+
+fn list(paths: &[PathSpec]) -> String {
+    let items: Vec<String> = paths.iter().map(|p| format!("\"{p}\"")).collect();
+    format!("[{}]", items.join(", "))
+}
+
+/// The path of the deepest key, value or array element whose span holds
+/// `offset` (as in the manifest compiler). Spans of tables opened by a
+/// `[header]` cover only the header, so the whole tree is searched.
+fn find_path(table: &toml::de::DeTable<'_>, offset: usize) -> String {
+    fn holds(span: Range<usize>, offset: usize) -> bool {
+        span.start <= offset && offset < span.end.max(span.start + 1)
+    }
+    fn walk_value(
+        value: &toml::de::DeValue<'_>,
+        offset: usize,
+        path: &str,
+        best: &mut Option<String>,
+    ) {
+        match value {
+            toml::de::DeValue::Table(table) => walk_table(table, offset, path, best),
+            toml::de::DeValue::Array(items) => {
+                for (i, item) in items.iter().enumerate() {
+                    let item_path = format!("{path}[{i}]");
+                    if holds(item.span(), offset) {
+                        consider(&item_path, best);
+                    }
+                    walk_value(item.get_ref(), offset, &item_path, best);
+                }
+            }
+            _ => {}
+        }
+    }
+    fn walk_table(
+        table: &toml::de::DeTable<'_>,
+        offset: usize,
+        path: &str,
+        best: &mut Option<String>,
+    ) {
+        for (key, value) in table.iter() {
+            let key_path = if path.is_empty() {
+                key.get_ref().to_string()
+            } else {
+                format!("{path}.{}", key.get_ref())
+            };
+            if holds(key.span(), offset) || holds(value.span(), offset) {
+                consider(&key_path, best);
+            }
+            walk_value(value.get_ref(), offset, &key_path, best);
+        }
+    }
+    fn consider(path: &str, best: &mut Option<String>) {
+        let depth = |p: &str| (p.matches(['.', '[']).count(), p.len());
+        if best.as_deref().is_none_or(|b| depth(path) > depth(b)) {
+            *best = Some(path.to_owned());
+        }
+    }
+    let mut best = None;
+    walk_table(table, offset, "", &mut best);
+    best.unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+[daemon]
+poll_interval_ms = 500
+
+[[volumes]]
+name = "db"
+session = "host1"
+device_path = "vol0"
+paths = ["10.77.0.1", "10.78.0.2@10.78.0.1"]
+
+[[volumes]]
+name = "logs"
+session = "host1"
+device_path = "vol1"
+access_mode = "ro"
+paths = ["10.77.0.1", "10.78.0.2@10.78.0.1"]
+"#;
+
+    fn error(source: &str) -> ConfigError {
+        parse(source, "t.toml").expect_err("config should be refused")
+    }
+
+    #[test]
+    fn test_parse_good() {
+        let config = parse(GOOD, "t.toml").unwrap();
+        assert_eq!(config.daemon.poll_interval_ms, 500);
+        assert_eq!(config.daemon.retry_interval_s, 5);
+        assert_eq!(config.volumes.len(), 2);
+        let db = &config.volumes[0];
+        assert_eq!(db.line, 5);
+        assert_eq!(db.access_mode, AccessMode::ReadWrite);
+        assert_eq!(db.port, DEFAULT_PORT);
+        assert_eq!(db.paths[0].to_string(), "ip:10.77.0.1");
+        assert_eq!(db.paths[1].to_string(), "ip:10.78.0.2@ip:10.78.0.1");
+        assert_eq!(config.volumes[1].access_mode, AccessMode::ReadOnly);
+    }
+
+    #[test]
+    fn test_example_config_is_valid() {
+        let config = parse(include_str!("../examples/initiator.toml"), "initiator.toml").unwrap();
+        assert_eq!(config.daemon, DaemonSettings::default());
+        assert_eq!(config.volumes.len(), 2);
+        assert_eq!(
+            config.volumes[0].paths[1].to_string(),
+            "ip:10.78.0.2@ip:10.78.0.1"
+        );
+    }
+
+    #[test]
+    fn test_empty_config_maps_nothing() {
+        assert!(parse("", "t.toml").unwrap().volumes.is_empty());
+    }
+
+    #[test]
+    fn test_unknown_key_names_line() {
+        let e = error("[[volumes]]\nname = \"a\"\nsession = \"s\"\ndevice_path = \"v\"\npaths = [\"10.0.0.1\"]\nsize = 3\n");
+        assert_eq!(e.line, Some(6), "{e}");
+        assert!(e.message.contains("unknown field `size`"), "{e}");
+        assert!(e.to_string().starts_with("t.toml:6:"), "{e}");
+    }
+
+    #[test]
+    fn test_missing_paths() {
+        let e = error("[[volumes]]\nname = \"a\"\nsession = \"s\"\ndevice_path = \"v\"\n");
+        assert!(e.message.contains("missing field `paths`"), "{e}");
+        let e =
+            error("[[volumes]]\nname = \"a\"\nsession = \"s\"\ndevice_path = \"v\"\npaths = []\n");
+        assert_eq!(e.line, Some(5), "{e}");
+        assert_eq!(e.path, "volumes[0].paths");
+        assert!(e.message.contains("found 0"), "{e}");
+    }
+
+    #[test]
+    fn test_duplicate_name() {
+        let source = GOOD.replace("name = \"logs\"", "name = \"db\"");
+        let e = error(&source);
+        assert_eq!(e.line, Some(12), "{e}");
+        assert_eq!(e.path, "volumes[1].name");
+        assert!(e.message.contains("first on line 5"), "{e}");
+    }
+
+    #[test]
+    fn test_duplicate_device_in_session() {
+        let source = GOOD.replace("\"vol1\"", "\"vol0\"");
+        let e = error(&source);
+        assert_eq!(e.path, "volumes[1].device_path", "{e}");
+        assert_eq!(e.line, Some(14), "{e}");
+    }
+
+    #[test]
+    fn test_session_paths_must_agree() {
+        let source = GOOD.replacen(
+            "paths = [\"10.77.0.1\", \"10.78.0.2@10.78.0.1\"]\n\n",
+            "paths = [\"10.77.0.1\"]\n\n",
+            1,
+        );
+        let e = error(&source);
+        assert_eq!(e.path, "volumes[1].paths", "{e}");
+        assert!(e.message.contains("same paths"), "{e}");
+    }
+
+    #[test]
+    fn test_bad_addresses() {
+        for bad in [
+            "10.77.0",
+            "host",
+            "10.0.0.1@",
+            "@10.0.0.1",
+            "ip:",
+            "gid:10.0.0.1",
+        ] {
+            let source = format!(
+                "[[volumes]]\nname = \"a\"\nsession = \"s\"\ndevice_path = \"v\"\npaths = [\"10.0.0.9\", \"{bad}\"]\n"
+            );
+            let e = error(&source);
+            assert_eq!(e.line, Some(5), "{bad}: {e}");
+            assert_eq!(e.path, "volumes[0].paths[1]", "{bad}: {e}");
+            assert!(e.message.contains(&format!("found {bad:?}")), "{e}");
+        }
+        let e = error("[[volumes]]\nname = \"a\"\nsession = \"s\"\ndevice_path = \"v\"\npaths = [\"10.0.0.1\", \"ip:10.0.0.1\"]\n");
+        assert!(e.message.contains("twice"), "{e}");
+    }
+
+    #[test]
+    fn test_good_addresses() {
+        for (text, shown) in [
+            ("fe80::1", "ip:fe80::1"),
+            ("ip:fe80::1%2", "ip:fe80::1"),
+            ("gid:fe80::2", "gid:fe80::2"),
+            ("ip:10.0.0.2@ip:10.0.0.1", "ip:10.0.0.2@ip:10.0.0.1"),
+        ] {
+            assert_eq!(PathSpec::parse(text).unwrap().to_string(), shown);
+        }
+    }
+
+    #[test]
+    fn test_bad_names() {
+        for (field, bad) in [
+            ("name", ""),
+            ("name", ".."),
+            ("name", "a/b"),
+            ("name", "-x"),
+            ("name", "with space"),
+            ("session", "a.b"),
+            ("session", "a/b"),
+            ("session", "a b"),
+            ("device_path", "../etc"),
+            ("device_path", "a b"),
+        ] {
+            let mut fields = BTreeMap::from([
+                ("name", "a".to_owned()),
+                ("session", "s".to_owned()),
+                ("device_path", "v".to_owned()),
+            ]);
+            fields.insert(field, bad.to_owned());
+            let source = format!(
+                "[[volumes]]\nname = {:?}\nsession = {:?}\ndevice_path = {:?}\npaths = [\"10.0.0.1\"]\n",
+                fields["name"], fields["session"], fields["device_path"]
+            );
+            let e = error(&source);
+            assert_eq!(e.path, format!("volumes[0].{field}"), "{bad:?}: {e}");
+            assert!(e.line.is_some(), "{e}");
+        }
+    }
+
+    #[test]
+    fn test_bad_values() {
+        let e = error("[[volumes]]\nname = \"a\"\nsession = \"s\"\ndevice_path = \"v\"\naccess_mode = \"rx\"\npaths = [\"10.0.0.1\"]\n");
+        assert_eq!(
+            (e.line, e.path.as_str()),
+            (Some(5), "volumes[0].access_mode")
+        );
+        let e = error("[[volumes]]\nname = \"a\"\nsession = \"s\"\ndevice_path = \"v\"\nport = 70000\npaths = [\"10.0.0.1\"]\n");
+        assert!(e.message.contains("found 70000"), "{e}");
+        let e = error("[daemon]\npoll_interval_ms = 0\n");
+        assert_eq!(
+            e.to_string(),
+            "t.toml:2: daemon.poll_interval_ms: expected 10..=60000, found 0"
+        );
+        let e = error("[[volumes]]\nname = 3\n");
+        assert_eq!(e.line, Some(2), "{e}");
+    }
+}

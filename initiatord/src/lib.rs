@@ -1,0 +1,38 @@
+//! brick-initiatord: keeps the Linux rnbd client mapped as a config says.
+//!
+//! The daemon reads a TOML file of volumes ([`config`]), looks at the rnbd
+//! and rtrs client sysfs ([`observe`], through the [`sysfs::Sysfs`] trait),
+//! and reconciles the two ([`reconcile`]): it maps what is missing, adds
+//! lost paths, kicks reconnects, reopens volumes the target lost, unmaps
+//! what was removed (never an open device without `--force`) and keeps the
+//! `/dev/brick/<name>` links right. Every action is logged with its reason.
+//!
+//! The kernel interface is described in `docs/protocol/rnbd.md` §5 and
+//! `docs/protocol/rtrs.md` §8. [`fake::FakeKernel`] simulates it, so the
+//! reconciliation is tested without a kernel.
+//!
+//! Modules: [`config`] (TOML -> validated [`config::Config`], errors with
+//! line and field), [`sysfs`] (the [`sysfs::Sysfs`] trait and the host
+//! implementation), [`fake`] (the simulated kernel), [`observe`] (sysfs ->
+//! [`observe::Observed`]), [`reconcile`] (plan and apply), [`daemon`]
+//! (config in force, reload), [`status`] and [`control`] (the `status`
+//! request over a unix socket). `examples/initiator.toml` is a commented
+//! config; `brick-initiatord.service` the systemd unit.
+//!
+//! No unsafe code here; the binary's signal handlers are the only unsafe
+//! (module `signals` of `src/main.rs`).
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod config;
+pub mod control;
+pub mod daemon;
+pub mod fake;
+pub mod observe;
+pub mod reconcile;
+pub mod status;
+pub mod sysfs;
+
+#[cfg(test)]
+mod scenarios;

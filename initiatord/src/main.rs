@@ -1,0 +1,230 @@
+//! brick-initiatord: keeps rnbd volumes mapped as /etc/brick/initiator.toml says.
+//!
+//! `brick-initiatord [--config FILE] [--once] [--force] [--check] [--socket PATH]`
+//! `brick-initiatord status [--json] [--socket PATH]` (asks the running daemon)
+//!
+//! Loads the config (refusing a bad one with its line), then every
+//! `poll_interval_ms` compares sysfs with it and acts (see the library's
+//! `reconcile` module). SIGHUP re-reads the config (a bad file is logged and
+//! the old one stays in force); SIGTERM/SIGINT stop the daemon, leaving the
+//! mappings as they are. `status` requests are answered on a unix socket
+//! (`/run/brick-initiatord.sock`). Logs go to stderr, one line per action with its
+//! reason. Exit status: 0 on a clean stop (or `--once` converged), 1 when
+//! `--once` could not map everything, 2 for a bad config or command line.
+//!
+//! Unsafe lives in: `signals` (installing the handlers with `sigaction`).
+
+#![deny(unsafe_code)]
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use clap::{Parser, Subcommand};
+use initiatord::config::DEFAULT_CONFIG_PATH;
+use initiatord::control::{self, ControlServer, DEFAULT_SOCKET};
+use initiatord::daemon::Daemon;
+use initiatord::observe::Observed;
+use initiatord::reconcile::{converged, Options};
+use initiatord::status::Status;
+use initiatord::sysfs::HostSysfs;
+
+#[allow(unsafe_code)]
+mod signals {
+    //! SIGHUP sets `RELOAD`; SIGINT and SIGTERM set `STOP`. The handlers
+    //! only store to atomics (async-signal-safe).
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    /// Stop requested.
+    pub static STOP: AtomicBool = AtomicBool::new(false);
+    /// Config reload requested.
+    pub static RELOAD: AtomicBool = AtomicBool::new(false);
+
+    extern "C" fn on_signal(signal: libc::c_int) {
+        if signal == libc::SIGHUP {
+            RELOAD.store(true, Ordering::SeqCst);
+        } else {
+            STOP.store(true, Ordering::SeqCst);
+        }
+    }
+
+    /// Installs the handlers.
+    pub fn install() -> std::io::Result<()> {
+        for signal in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+            // SAFETY: an all-zero sigaction is a valid value (empty mask, no flags).
+            let mut action: libc::sigaction = unsafe { std::mem::zeroed() };
+            action.sa_sigaction = on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
+            // SAFETY: `action` is initialised; the handler only stores to atomics
+            // (async-signal-safe); a null old-action pointer is allowed.
+            let rc = unsafe { libc::sigaction(signal, &raw const action, std::ptr::null_mut()) };
+            if rc != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Command line.
+#[derive(Parser, Debug)]
+#[command(
+    name = "brick-initiatord",
+    version,
+    about = "Keeps Brick volumes mapped through the Linux rnbd client"
+)]
+struct Args {
+    /// The config file.
+    #[arg(long, default_value = DEFAULT_CONFIG_PATH)]
+    config: PathBuf,
+    /// Map what is missing, then exit (0 if every volume is mapped, open
+    /// and linked, 1 otherwise).
+    #[arg(long)]
+    once: bool,
+    /// Unmap volumes removed from the config even if open or mounted.
+    #[arg(long)]
+    force: bool,
+    /// Only check the config and exit.
+    #[arg(long)]
+    check: bool,
+    /// The control socket.
+    #[arg(long, global = true, default_value = DEFAULT_SOCKET)]
+    socket: PathBuf,
+    /// Root of the file system to manage (tests; default `/`).
+    #[arg(long, default_value = "/", hide = true)]
+    root: PathBuf,
+    /// Ask the running daemon instead of being it.
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+/// Requests to the running daemon.
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Print each volume's device, state, link and paths.
+    Status {
+        /// One line of JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// `brick-initiatord status`: one request over the control socket.
+fn client(socket: &std::path::Path, command: &Command) -> ExitCode {
+    let Command::Status { json } = command;
+    let request = if *json { "status" } else { "status text" };
+    match control::request(socket, request) {
+        Ok(reply) => {
+            print!("{reply}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!(
+                "brick-initiatord: no daemon answers on {}: {e}",
+                socket.display()
+            );
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn log(line: &str) {
+    eprintln!("brick-initiatord: {line}");
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    if let Some(command) = &args.command {
+        return client(&args.socket, command);
+    }
+    let options = Options { force: args.force };
+    let mut daemon = match Daemon::load(&args.config, options) {
+        Ok(daemon) => daemon,
+        Err(e) => {
+            log(&format!("config refused: {e}"));
+            return ExitCode::from(2);
+        }
+    };
+    if args.check {
+        log(&format!(
+            "{}: ok, {} volume(s)",
+            args.config.display(),
+            daemon.config.volumes.len()
+        ));
+        return ExitCode::SUCCESS;
+    }
+    let mut sysfs = HostSysfs::with_root(&args.root);
+    log(&format!(
+        "started: config {}, {} volume(s){}",
+        args.config.display(),
+        daemon.config.volumes.len(),
+        if args.force { ", --force" } else { "" }
+    ));
+
+    if args.once {
+        return match daemon.tick(&mut sysfs, Instant::now(), &mut log) {
+            Ok(pass) if converged(&daemon.config, &pass.observed) => {
+                log("all volumes mapped");
+                ExitCode::SUCCESS
+            }
+            Ok(_) => {
+                log("not every volume could be mapped (see above)");
+                ExitCode::from(1)
+            }
+            Err(e) => {
+                log(&format!("cannot read sysfs: {e}"));
+                ExitCode::from(1)
+            }
+        };
+    }
+
+    if let Err(e) = signals::install() {
+        log(&format!("cannot install signal handlers: {e}"));
+        return ExitCode::from(1);
+    }
+    let server = match ControlServer::bind(&args.socket) {
+        Ok(server) => server,
+        Err(e) => {
+            log(&format!("control socket {}: {e}", args.socket.display()));
+            return ExitCode::from(1);
+        }
+    };
+    let mut status = Status::new(&daemon.config, &Observed::default(), &[]);
+    while !signals::STOP.load(Ordering::SeqCst) {
+        if signals::RELOAD.swap(false, Ordering::SeqCst) {
+            match daemon.reload() {
+                Ok(summary) => log(&format!(
+                    "SIGHUP: config reloaded ({} volume(s); added {:?}, removed {:?}, changed {:?})",
+                    daemon.config.volumes.len(),
+                    summary.added,
+                    summary.removed,
+                    summary.changed
+                )),
+                Err(e) => log(&format!("SIGHUP: new config refused, keeping the old one: {e}")),
+            }
+        }
+        match daemon.tick(&mut sysfs, Instant::now(), &mut log) {
+            Ok(pass) => status = Status::new(&daemon.config, &pass.observed, &pass.notices),
+            Err(e) => log(&format!("cannot read sysfs: {e}")),
+        }
+        // Sleep in short slices so a signal is acted on promptly
+        // (`thread::sleep` resumes after EINTR).
+        let deadline =
+            Instant::now() + Duration::from_millis(daemon.config.daemon.poll_interval_ms);
+        while Instant::now() < deadline
+            && !signals::STOP.load(Ordering::SeqCst)
+            && !signals::RELOAD.load(Ordering::SeqCst)
+        {
+            server.poll(&mut |request| {
+                control::answer(
+                    request,
+                    || status.to_json(),
+                    || status.to_string().trim_end().to_owned(),
+                )
+            });
+            std::thread::sleep(Duration::from_millis(50).min(deadline - Instant::now()));
+        }
+    }
+    log("stopping on signal; mappings are left as they are");
+    ExitCode::SUCCESS
+}

@@ -1,0 +1,199 @@
+//! What `status` reports: each configured volume, its device, link and paths.
+//!
+//! Built from the config and the last observation; rendered as JSON (for
+//! `brick status --json` and scripts) or as text for people.
+
+use std::fmt;
+
+use serde::Serialize;
+
+use crate::config::Config;
+use crate::observe::{link_device, DeviceState, Observed};
+
+/// The daemon's report.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize)]
+pub struct Status {
+    /// Every configured volume is mapped, open and linked.
+    pub converged: bool,
+    /// One entry per configured volume, in config order.
+    pub volumes: Vec<VolumeStatus>,
+    /// What the daemon leaves as it is on purpose, and why.
+    pub notices: Vec<String>,
+}
+
+/// One volume.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize)]
+pub struct VolumeStatus {
+    /// The stable name (`/dev/brick/<name>`).
+    pub name: String,
+    /// Session name.
+    pub session: String,
+    /// Device path on the target.
+    pub device_path: String,
+    /// `rnbdN`, if mapped.
+    pub device: Option<String>,
+    /// `open`, `closed`, `init`, `unmapped`, or `not mapped`.
+    pub state: String,
+    /// `/dev/brick/<name>` points at the device.
+    pub linked: bool,
+    /// The session's paths.
+    pub paths: Vec<PathStatus>,
+}
+
+/// One path of a volume's session.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize)]
+pub struct PathStatus {
+    /// `src@dst`.
+    pub path: String,
+    /// `state` is `connected`.
+    pub connected: bool,
+}
+
+impl Status {
+    /// The report for `config` as `observed` shows it.
+    pub fn new(config: &Config, observed: &Observed, notices: &[String]) -> Self {
+        let volumes: Vec<VolumeStatus> = config
+            .volumes
+            .iter()
+            .map(|volume| {
+                let device = observed.device_for(&volume.session, &volume.device_path);
+                let state = match device.map(|d| d.state) {
+                    None => "not mapped",
+                    Some(DeviceState::Open) => "open",
+                    Some(DeviceState::Closed) => "closed",
+                    Some(DeviceState::Init) => "init",
+                    Some(DeviceState::Unmapped) => "unmapped",
+                    Some(DeviceState::Unknown) => "unknown",
+                };
+                let linked = device.is_some_and(|d| {
+                    observed
+                        .links
+                        .get(&volume.name)
+                        .is_some_and(|target| link_device(target) == d.name)
+                });
+                let paths = observed
+                    .sessions
+                    .get(&volume.session)
+                    .map(|s| {
+                        s.paths
+                            .iter()
+                            .map(|p| PathStatus {
+                                path: p.directory.clone(),
+                                connected: p.connected,
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                VolumeStatus {
+                    name: volume.name.clone(),
+                    session: volume.session.clone(),
+                    device_path: volume.device_path.clone(),
+                    device: device.map(|d| d.name.clone()),
+                    state: state.to_owned(),
+                    linked,
+                    paths,
+                }
+            })
+            .collect();
+        let converged = volumes.iter().all(|v| v.state == "open" && v.linked);
+        Self {
+            converged,
+            volumes,
+            notices: notices.to_vec(),
+        }
+    }
+
+    /// The report as one line of JSON.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
+    }
+}
+
+impl fmt::Display for Status {
+    /// A table for people: one line per volume, then its paths.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "{:<16} {:<10} {:<11} {:<8} SESSION/DEVICE_PATH",
+            "NAME", "DEVICE", "STATE", "LINK"
+        )?;
+        for v in &self.volumes {
+            writeln!(
+                f,
+                "{:<16} {:<10} {:<11} {:<8} {}/{}",
+                v.name,
+                v.device.as_deref().unwrap_or("-"),
+                v.state,
+                if v.linked { "ok" } else { "missing" },
+                v.session,
+                v.device_path
+            )?;
+            for p in &v.paths {
+                writeln!(
+                    f,
+                    "    path {} {}",
+                    p.path,
+                    if p.connected {
+                        "connected"
+                    } else {
+                        "disconnected"
+                    }
+                )?;
+            }
+        }
+        for notice in &self.notices {
+            writeln!(f, "note: {notice}")?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::parse;
+    use crate::fake::FakeKernel;
+    use crate::observe::observe;
+    use crate::reconcile::{reconcile, Memory, Options};
+
+    #[test]
+    fn test_status_json_and_text() {
+        let config = parse(
+            "[[volumes]]\nname = \"db\"\nsession = \"s\"\ndevice_path = \"vol0\"\npaths = [\"10.0.0.1\"]\n\n\
+             [[volumes]]\nname = \"gone\"\nsession = \"s\"\ndevice_path = \"vol9\"\npaths = [\"10.0.0.1\"]\n",
+            "t.toml",
+        )
+        .unwrap();
+        let mut kernel = FakeKernel::new();
+        kernel.export("vol0");
+        reconcile(
+            &mut kernel,
+            &config,
+            &mut Memory::default(),
+            std::time::Instant::now(),
+            Options::default(),
+            &mut |_| {},
+        )
+        .unwrap();
+        let status = Status::new(&config, &observe(&kernel).unwrap(), &[]);
+        assert!(!status.converged);
+        assert_eq!(
+            status.to_json(),
+            "{\"converged\":false,\"volumes\":[\
+             {\"name\":\"db\",\"session\":\"s\",\"device_path\":\"vol0\",\"device\":\"rnbd0\",\
+             \"state\":\"open\",\"linked\":true,\"paths\":[{\"path\":\"ip:10.0.0.2@ip:10.0.0.1\",\"connected\":true}]},\
+             {\"name\":\"gone\",\"session\":\"s\",\"device_path\":\"vol9\",\"device\":null,\
+             \"state\":\"not mapped\",\"linked\":false,\"paths\":[{\"path\":\"ip:10.0.0.2@ip:10.0.0.1\",\"connected\":true}]}],\
+             \"notices\":[]}"
+        );
+        let text = status.to_string();
+        assert!(
+            text.contains("db               rnbd0      open        ok       s/vol0"),
+            "{text}"
+        );
+        assert!(
+            text.contains("gone             -          not mapped  missing  s/vol9"),
+            "{text}"
+        );
+    }
+}
