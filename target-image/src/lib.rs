@@ -347,6 +347,8 @@ impl<D> Exports for SessionExports<'_, '_, D> {
 /// The chunks of every port, as volumes reach them.
 struct ChunkMemory<'a, K: KeySource> {
     server: &'a mut Server<EngineHca<K>>,
+    /// Chunk addresses are bus addresses ([`Engine::set_identity_dma`]).
+    identity_dma: bool,
 }
 
 impl<K: KeySource> BufferAccess<Chunk> for ChunkMemory<'_, K> {
@@ -381,6 +383,19 @@ impl<K: KeySource> BufferAccess<Chunk> for ChunkMemory<'_, K> {
             .with_slice_mut(buffer.handle, 0, len, f)
             .map_err(|_| BufferError::Stale)
     }
+
+    /// The chunk's address in its port's arena when the engine was told
+    /// that addresses are bus addresses; the arena is allocated once and
+    /// never moves, so the address stays valid while the IO is in flight.
+    fn dma_address(&self, buffer: Chunk, len: u32) -> Option<u64> {
+        if !self.identity_dma || len > buffer.handle.len() {
+            return None;
+        }
+        self.server
+            .port(buffer.port)?
+            .with_slice(buffer.handle, 0, len, |bytes| bytes.as_ptr() as u64)
+            .ok()
+    }
 }
 
 /// The RTRS configuration a manifest asks for.
@@ -404,6 +419,16 @@ pub fn server_config(manifest: &Manifest<'_>) -> ServerConfig {
 pub fn arena_bytes(config: &ServerConfig) -> usize {
     let per_path = u64::from(config.queue_depth) * (u64::from(config.chunk_size) + 64) + (1 << 16);
     usize::try_from(per_path * path_pools(config)).unwrap_or(usize::MAX)
+}
+
+/// How the image drives a virtio-blk volume for `config`: transfers up to
+/// one chunk (an RNBD IO never exceeds it), the driver's default depth,
+/// with bounce slots for chunks without a DMA address.
+pub fn virtio_blk_config(config: &ServerConfig) -> hal::virtio::blk::BlkConfig {
+    hal::virtio::blk::BlkConfig {
+        max_transfer: config.chunk_size.next_multiple_of(4096),
+        ..hal::virtio::blk::BlkConfig::default()
+    }
 }
 
 /// Path chunk pools one HCA holds at most.
@@ -441,6 +466,8 @@ pub struct Engine<'m, K: KeySource, D: BlockDevice<Chunk> = RamVolume> {
     logger: Option<Logger<'m>>,
     /// IO requests answered (all sessions).
     answered: u64,
+    /// Devices may transfer straight to and from the arenas.
+    identity_dma: bool,
 }
 
 impl<'m, K: KeySource> Engine<'m, K, RamVolume> {
@@ -559,7 +586,24 @@ impl<'m, K: KeySource, D: BlockDevice<Chunk>> Engine<'m, K, D> {
             next_tag: 0,
             logger: None,
             answered: 0,
+            identity_dma: false,
         })
+    }
+
+    /// Lets volumes transfer straight to and from the registered arenas
+    /// ([`BufferAccess::dma_address`]: a chunk's address is its bus
+    /// address), so virtio-blk needs no bounce copy. Off by default and
+    /// hosted (devices copy).
+    ///
+    /// # Safety
+    ///
+    /// Every address of the engine's heap memory is the bus address of
+    /// the same byte for every volume's device, and the memory is
+    /// contiguous RAM: identity-mapped physical memory with no IOMMU (the
+    /// image's heap).
+    #[allow(unsafe_code)] // A promise about DMA addressing, see # Safety.
+    pub unsafe fn set_identity_dma(&mut self) {
+        self.identity_dma = true;
     }
 
     /// Sets where the engine's log lines go (one call per line, no newline).
@@ -1032,6 +1076,7 @@ impl<'m, K: KeySource, D: BlockDevice<Chunk>> Engine<'m, K, D> {
         }
         let mut memory = ChunkMemory {
             server: &mut self.server,
+            identity_dma: self.identity_dma,
         };
         match served.device.submit(request, &mut memory) {
             Ok(()) => {}
@@ -1061,6 +1106,7 @@ impl<'m, K: KeySource, D: BlockDevice<Chunk>> Engine<'m, K, D> {
             let served = &mut self.volumes[volume];
             let mut memory = ChunkMemory {
                 server: &mut self.server,
+                identity_dma: self.identity_dma,
             };
             served
                 .device
@@ -1080,6 +1126,7 @@ impl<'m, K: KeySource, D: BlockDevice<Chunk>> Engine<'m, K, D> {
                 let served = &mut self.volumes[volume];
                 let mut memory = ChunkMemory {
                     server: &mut self.server,
+                    identity_dma: self.identity_dma,
                 };
                 match served.device.submit(request, &mut memory) {
                     Ok(()) => busy = true,

@@ -164,8 +164,9 @@ impl TargetKind {
 }
 
 /// `[limits]` the image target gets when the examples/ manifest has none:
-/// the engine allocates its registered arenas from guest RAM, so the
-/// defaults (512-deep queues of 132 KiB chunks) would need gigabytes.
+/// the engine's registered arenas come from guest RAM, and the defaults
+/// (512-deep queues of 132 KiB chunks) would take ~530 MiB per interface
+/// (a 1.2 GiB guest); these keep the judge's guest at ~830 MiB.
 const IMAGE_LIMITS: &str = "\n[limits]\nmax_sessions = 4\nqueue_depth = 128\n";
 /// What the image prints once its poll loop runs.
 const IMAGE_SERVING: &str = "[brick] serving after";
@@ -224,8 +225,22 @@ fn brick_manifest(paths: usize) -> PathBuf {
     crate::paths::repo().join("examples").join(name)
 }
 
-/// Size of the judge's file-backed volume.
+/// Size of the judge's durable volume.
 const DURABLE_MIB: u64 = 64;
+/// The durable volume's file in the target's scratch directory.
+const DURABLE_FILE: &str = "durable.img";
+
+/// What backs the judge's durable volume `durable` (see [`judge_manifest`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Durable {
+    /// No durable volume.
+    None,
+    /// A file the hosted target opens (`durable.img`, created by it).
+    File,
+    /// The image's first virtio-blk disk ([`crate::image::disk_pci`]`(0)`),
+    /// which the caller backs with `durable.img`.
+    VirtioBlk,
+}
 
 /// Writes the judge's manifest into `dir`: the examples/ manifest for
 /// `paths` paths, its interfaces at `mtu`, plus a file-backed volume
@@ -244,19 +259,29 @@ fn judge_manifest(
     paths: usize,
     mtu: u32,
     probe: bool,
-    durable: bool,
+    durable: Durable,
     dir: &std::path::Path,
 ) -> Result<PathBuf> {
     let example = brick_manifest(paths);
     let original =
         std::fs::read_to_string(&example).with_context(|| format!("read {}", example.display()))?;
-    let image = dir.join("durable.img");
+    let image = dir.join(DURABLE_FILE);
     let _ = std::fs::remove_file(&image);
+    let backing = match durable {
+        Durable::None => String::new(),
+        Durable::File => format!(
+            "kind = \"file\"\npath = \"{}\"\nsize = \"{DURABLE_MIB}MiB\"\n",
+            image.display()
+        ),
+        Durable::VirtioBlk => format!(
+            "kind = \"virtio-blk\"\npci = \"{}\"\n",
+            crate::image::disk_pci(0)
+        ),
+    };
     let durable_volume = format!(
-        "\n# Added by the judge: a file-backed volume for the restart cases.\n\
-         [[volumes]]\nname = \"durable\"\nkind = \"file\"\npath = \"{}\"\nsize = \"{DURABLE_MIB}MiB\"\n\n\
-         [[access]]\nsessions = \"*\"\nvolumes = [\"durable\"]\nmode = \"rw\"\n",
-        image.display()
+        "\n# Added by the judge: a durable volume for the restart cases.\n\
+         [[volumes]]\nname = \"durable\"\n{backing}\n\
+         [[access]]\nsessions = \"*\"\nvolumes = [\"durable\"]\nmode = \"rw\"\n"
     );
     let mut text = String::new();
     let mut limits_seen = false;
@@ -278,7 +303,7 @@ fn judge_manifest(
             text += &probe_limits();
         }
     }
-    if durable {
+    if durable != Durable::None {
         text += &durable_volume;
     }
     if probe {
@@ -456,7 +481,8 @@ impl Target {
             TargetKind::BrickHosted => {
                 let binary = build_brick_target()?;
                 let dir = crate::paths::scratch("brick-target");
-                let manifest_path = judge_manifest(relays.len(), mtu, probe.is_some(), true, &dir)?;
+                let manifest_path =
+                    judge_manifest(relays.len(), mtu, probe.is_some(), Durable::File, &dir)?;
                 let manifest =
                     manifest::compile_file(&manifest_path).map_err(|e| anyhow::anyhow!("{e}"))?;
                 let links = relays.len() + usize::from(probe.is_some());
@@ -557,12 +583,19 @@ impl Target {
         }
     }
 
-    /// The image under QEMU: the examples/ manifest (no durable volume:
-    /// the image serves RAM volumes only), one virtio-net NIC per relay.
+    /// The image under QEMU: the examples/ manifest plus the durable
+    /// volume on a virtio-blk disk ([`Durable::VirtioBlk`], backed by a
+    /// file that survives restarts), one virtio-net NIC per relay.
     fn spawn_image(kind: TargetKind, relays: &[Relay], mtu: u32) -> Result<Target> {
         let image = crate::image::build()?;
         let dir = crate::paths::scratch("brick-image");
-        let manifest_path = judge_manifest(relays.len(), mtu, false, false, &dir)?;
+        let manifest_path = judge_manifest(relays.len(), mtu, false, Durable::VirtioBlk, &dir)?;
+        // The durable volume's disk: created empty here, kept across
+        // restarts (a restart reboots QEMU with the same command).
+        let disk = dir.join(DURABLE_FILE);
+        std::fs::File::create(&disk)
+            .and_then(|file| file.set_len(DURABLE_MIB << 20))
+            .with_context(|| format!("create {}", disk.display()))?;
         let mut text = std::fs::read_to_string(&manifest_path)?;
         if !text.lines().any(|line| line.trim() == "[limits]") {
             text += IMAGE_LIMITS;
@@ -613,7 +646,15 @@ impl Target {
                     bytes: *size,
                     durable: false,
                 }),
-                other => bail!("volume {}: {other:?}: the image serves RAM only", v.name),
+                manifest::config::Backing::VirtioPci(_) => Ok(Volume {
+                    device_path: v.device_path.clone(),
+                    bytes: DURABLE_MIB << 20,
+                    durable: true,
+                }),
+                other => bail!(
+                    "volume {}: {other:?}: the image serves RAM and virtio-blk only",
+                    v.name
+                ),
             })
             .collect::<Result<Vec<_>>>()?;
         let descriptor = TargetDescriptor {
@@ -624,8 +665,13 @@ impl Target {
             restart: Restart::Reboot,
             probe: None,
         };
-        let command =
-            crate::image::qemu_command(&image, &blob_path, crate::image::guest_mib(&blob), &nics)?;
+        let command = crate::image::qemu_command(
+            &image,
+            &blob_path,
+            crate::image::guest_mib(&blob),
+            &[disk],
+            &nics,
+        )?;
         let mut target = Target {
             descriptor,
             runner: Runner::Process {
@@ -970,13 +1016,13 @@ mod tests {
     fn probe_manifest_keeps_the_initiator_access() {
         for paths in [1, 2] {
             let dir = crate::paths::scratch("probe-manifest");
-            let path = judge_manifest(paths, 1500, true, true, &dir).unwrap();
+            let path = judge_manifest(paths, 1500, true, Durable::File, &dir).unwrap();
             let config = manifest::compile_file(&path).unwrap();
             assert_eq!(config.interfaces.len(), paths + 1);
             assert_eq!(config.interfaces[paths].name, PROBE_INTERFACE);
             assert_eq!(config.limits.max_sessions, PROBE_MAX_SESSIONS);
             assert_eq!(config.limits.queue_depth, PROBE_QUEUE_DEPTH);
-            let plain = judge_manifest(paths, 1500, false, true, &dir).unwrap();
+            let plain = judge_manifest(paths, 1500, false, Durable::File, &dir).unwrap();
             let plain = manifest::compile_file(&plain).unwrap();
             let blob = config.to_binary().unwrap();
             let probed = Manifest::parse(&blob).unwrap();

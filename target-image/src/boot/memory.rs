@@ -274,6 +274,16 @@ impl<const N: usize> FreeRanges<N> {
         true
     }
 
+    /// Whether `[start, end)` lies inside one free range (an empty range
+    /// always does).
+    pub fn contains(&self, start: u64, end: u64) -> bool {
+        start >= end
+            || self
+                .ranges
+                .iter()
+                .any(|range| range.start <= start && end <= range.end)
+    }
+
     /// The free ranges, lowest first.
     pub fn ranges(&self) -> &[Range] {
         &self.ranges
@@ -402,6 +412,23 @@ mod tests {
         );
         assert_eq!(free.carve(0, 8), Err(CarveError::BadRequest));
         assert_eq!(free.carve(8, 3), Err(CarveError::BadRequest));
+    }
+
+    /// The image's heap keeps a second list of never-used (zero) memory
+    /// and asks it whether an allocation lies wholly inside.
+    #[test]
+    fn test_contains() {
+        let mut pristine = FreeRanges::<4>::new();
+        pristine.free(0x1000, 0x3000);
+        pristine.free(0x8000, 0x1000);
+        assert!(pristine.contains(0x1000, 0x4000));
+        assert!(pristine.contains(0x2000, 0x2010));
+        assert!(pristine.contains(0x5000, 0x5000)); // empty
+        assert!(!pristine.contains(0x3000, 0x9000)); // spans a gap
+        assert!(!pristine.contains(0x800, 0x1800));
+        pristine.remove(0x1000, 0x1010, 1);
+        assert!(!pristine.contains(0x1000, 0x1010));
+        assert!(pristine.contains(0x1010, 0x4000));
     }
 
     #[test]

@@ -1,27 +1,27 @@
-//! The preallocated pool: one physical region for all DMA and registered
-//! memory, sized from the manifest and carved once at boot.
+//! The preallocated pool: one physical region for the DMA memory the
+//! virtio drivers need, sized at boot, plus the heap the engine needs.
 //!
 //! DESIGN.md §6: everything the target will ever use is allocated at boot.
 //! The image carves, in this order, from the free RAM below 4 GiB
 //! ([`super::memory::FreeRanges::from_memory_map`]):
 //!
 //! 1. a boot heap of [`BOOT_HEAP_BYTES`] (the manifest blob, boot tables);
-//! 2. the pool, [`PoolPlan::bytes`] long, [`POOL_ALIGN`]-aligned: the
-//!    registered chunk pools of every session the manifest allows
-//!    ([`manifest::Limits::max_chunk_pool_bytes`]) plus
-//!    [`RING_BYTES`] for NIC and block rings and frame buffers;
-//! 3. every byte left over joins the heap (the engine's `alloc` use: RAM
-//!    volumes are `Vec<u8>` in the engine today, so their bytes must be
-//!    left over; [`PoolPlan::heap_bytes`] is the check).
-//!
-//! The pool is handed out as one `[start, end)` physical range; a
-//! sub-allocator over it (chunks, rings) comes with the network issue.
+//! 2. the pool, [`PoolPlan::bytes`] long, [`POOL_ALIGN`]-aligned:
+//!    [`RING_BYTES`] for NIC rings and frame buffers, plus the rings and
+//!    bounce slots of each virtio-blk volume ([`crate::virtio_blk_config`]):
+//!    the drivers' DMA memory;
+//! 3. every byte left over joins the heap. The engine allocates its
+//!    registered arenas there (one per interface,
+//!    [`crate::arena_bytes`]), and RAM volumes are `Vec<u8>`s there too:
+//!    [`PoolPlan::heap_bytes`] is the check, counted once. Registered memory
+//!    is not reserved in the pool as well (it used to be, which made the
+//!    default limits need twice the memory).
 
-use manifest::binary::Manifest;
+use manifest::binary::{Backing, Manifest};
 
 /// The heap before the manifest is known.
 pub const BOOT_HEAP_BYTES: u64 = 8 << 20;
-/// Bytes reserved in the pool for virtio rings and frame buffers.
+/// Bytes reserved in the pool for NIC rings and frame buffers.
 pub const RING_BYTES: u64 = 16 << 20;
 /// Pool alignment (a 2 MiB page, so it can be mapped with large pages).
 pub const POOL_ALIGN: u64 = 2 << 20;
@@ -29,10 +29,13 @@ pub const POOL_ALIGN: u64 = 2 << 20;
 /// What a manifest preallocates.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct PoolPlan {
-    /// Registered memory: the chunk pools of every session at once.
-    pub chunk_pools: u64,
-    /// Rings and frame buffers.
+    /// Rings, frame buffers and bounce slots (the pool).
     pub rings: u64,
+    /// Of `rings`, what the virtio-blk volumes take.
+    pub disks: u64,
+    /// The engine's registered arenas, all interfaces (allocated from the
+    /// heap).
+    pub arenas: u64,
     /// RAM volumes (allocated from the heap).
     pub ram_volumes: u64,
 }
@@ -40,30 +43,44 @@ pub struct PoolPlan {
 impl PoolPlan {
     /// The plan for `manifest`.
     pub fn for_manifest(manifest: &Manifest<'_>) -> PoolPlan {
+        let config = crate::server_config(manifest);
+        let per_interface = crate::arena_bytes(&config) as u64;
+        let per_disk = crate::virtio_blk_config(&config).dma_bytes() as u64;
+        let disks = manifest
+            .volumes()
+            .filter(|volume| matches!(volume.backing, Backing::VirtioBlk(_)))
+            .fold(0u64, |sum, _| sum.saturating_add(per_disk));
         PoolPlan {
-            chunk_pools: manifest.limits().max_chunk_pool_bytes(),
-            rings: RING_BYTES,
+            rings: RING_BYTES.saturating_add(disks),
+            disks,
+            arenas: per_interface.saturating_mul(manifest.interface_count() as u64),
             ram_volumes: manifest.ram_volume_bytes(),
         }
     }
 
-    /// Bytes of the pool (chunk pools and rings), rounded up to [`POOL_ALIGN`].
+    /// Bytes of the pool (the rings), rounded up to [`POOL_ALIGN`].
     pub fn bytes(&self) -> u64 {
-        let bytes = self.chunk_pools.saturating_add(self.rings);
-        super::memory::align_up(bytes, POOL_ALIGN).unwrap_or(u64::MAX)
+        super::memory::align_up(self.rings, POOL_ALIGN).unwrap_or(u64::MAX)
     }
 
-    /// Bytes the heap needs beyond the boot heap: the RAM volumes.
+    /// Bytes the heap needs beyond the boot heap: the registered arenas and
+    /// the RAM volumes.
     pub fn heap_bytes(&self) -> u64 {
-        self.ram_volumes
+        self.arenas.saturating_add(self.ram_volumes)
     }
 
-    /// Guest memory (MiB) that holds the plan with `slack` MiB to spare for
-    /// the image, firmware holes and the engine's tables: what
+    /// Guest memory (MiB) that holds the plan plus `carved` bytes carved
+    /// besides it (the engine stack) with `slack` MiB to spare for the
+    /// image, firmware holes and the engine's tables: what
     /// `cargo xtask run-image` gives QEMU by default.
-    pub fn guest_mib(&self, slack: u64) -> u64 {
+    pub fn guest_mib(&self, carved: u64, slack: u64) -> u64 {
         const MIB: u64 = 1 << 20;
-        (self.bytes() + self.heap_bytes() + BOOT_HEAP_BYTES).div_ceil(MIB) + slack
+        self.bytes()
+            .saturating_add(self.heap_bytes())
+            .saturating_add(BOOT_HEAP_BYTES)
+            .saturating_add(carved)
+            .div_ceil(MIB)
+            + slack
     }
 }
 
@@ -83,8 +100,16 @@ mod tests {
         let manifest = Manifest::parse(&blob).unwrap();
         let plan = PoolPlan::for_manifest(&manifest);
         assert_eq!(plan.ram_volumes, 512 << 20);
-        assert_eq!(plan.chunk_pools, 16 * 512 * 132 * 1024);
-        assert_eq!(plan.bytes(), (1056 + 16) << 20);
-        assert_eq!(plan.guest_mib(64), 1072 + 512 + 8 + 64);
+        // One interface: 8 path pools of 512 chunks of 132 KiB (+ 64 bytes
+        // of control each) plus 64 KiB per pool.
+        let per_pool = 512 * (132 * 1024 + 64) + (1 << 16);
+        assert_eq!(plan.arenas, 8 * per_pool);
+        assert_eq!(plan.bytes(), 16 << 20);
+        assert_eq!(plan.disks, 0);
+        // Registered memory counted once: about 1.2 GiB in all.
+        let mib = ((16u64 + 512 + 8 + 32) << 20) + 8 * per_pool;
+        assert_eq!(plan.guest_mib(32 << 20, 64), mib.div_ceil(1 << 20) + 64);
+        // xtask's `guest_mib` copies this formula and pins the same number.
+        assert_eq!(plan.guest_mib(32 << 20, 64), 1161);
     }
 }

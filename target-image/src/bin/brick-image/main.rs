@@ -10,17 +10,21 @@
 //! checks it and reports what it will serve. With a manifest and at least
 //! one virtio-net device (`1af4:1041`) it then serves ([`serve`]): one NIC
 //! per manifest interface, the engine over RAM volumes, the poll loop,
-//! until the VM is stopped. Without a virtio-net device it runs the idle
+//! until the VM is stopped; virtio-blk volumes are the `1af4:1042`
+//! functions at the manifest's PCI addresses. Without a virtio-net device it runs the idle
 //! check and exits (the boot test).
 //!
 //! Exit status through `isa-debug-exit` ([`port::ExitCode`]): 33 when the
 //! boot checks pass, 35 on a panic or CPU exception, 37 for a refused
 //! manifest, 39 when the manifest does not fit in memory, 41 when an
 //! interface has no usable virtio-net device, 43 for a volume kind the
-//! image does not serve yet (anything but RAM). Command line
+//! image does not serve yet (files, host block devices, virtio-blk by
+//! serial). Command line
 //! words (`-append`): `idle` stays in the idle loop instead of exiting (to
 //! watch host CPU use); `panic` and `fault` (a `ud2`) exercise the failure
-//! paths.
+//! paths; `zero-check` scans the heap for non-zero bytes at boot and
+//! `no-pristine` clears every zeroed allocation (see the fresh-RAM
+//! assumption in `main`).
 //!
 //! Build with `cargo xtask image`; run with `cargo xtask run-image`. On the
 //! host this binary is only a stub that says so (it exists so that
@@ -88,7 +92,7 @@ mod board {
     use hal::{Clock, Idle, Rng};
     use manifest::binary::Manifest;
     use target_image::boot::memory::{CarveError, FreeRanges, Range};
-    use target_image::boot::pool::{PoolPlan, BOOT_HEAP_BYTES, POOL_ALIGN, RING_BYTES};
+    use target_image::boot::pool::{PoolPlan, BOOT_HEAP_BYTES, POOL_ALIGN};
     use target_image::boot::pvh::{BootInfo, Bytes};
 
     use crate::clock::Tsc;
@@ -102,6 +106,9 @@ mod board {
     const MAX_MANIFEST: u32 = 1 << 20;
     /// Free physical ranges tracked while carving.
     const BOOT_RANGES: usize = 64;
+    /// The top of RAM the firmware may have scribbled on (see the fresh-RAM
+    /// assumption in `main`): not trusted to be zero.
+    const FIRMWARE_SCRATCH_BYTES: u64 = 32 << 20;
 
     fn fail(code: ExitCode, args: core::fmt::Arguments<'_>) -> ! {
         log!("FATAL: {args}");
@@ -205,10 +212,14 @@ mod board {
 
         let mut functions = 0;
         let mut virtio_nets = Vec::new();
+        let mut virtio_blks = Vec::new();
         crate::pci::enumerate(|function| {
             functions += 1;
             if crate::serve::is_virtio_net(function) {
                 virtio_nets.push(*function);
+            }
+            if crate::serve::is_virtio_blk(function) {
+                virtio_blks.push(*function);
             }
             log!(
                 "pci {} {:04x}:{:04x} class {:02x}{:02x}{:02x}",
@@ -226,8 +237,9 @@ mod board {
             }
         });
         log!(
-            "pci: {functions} functions, {} virtio-net",
-            virtio_nets.len()
+            "pci: {functions} functions, {} virtio-net, {} virtio-blk",
+            virtio_nets.len(),
+            virtio_blks.len()
         );
 
         // With a manifest: the blob and the pool's ring part (for the NICs).
@@ -256,16 +268,31 @@ mod board {
                 };
                 report(&manifest);
                 let plan = PoolPlan::for_manifest(&manifest);
-                let available = free.total();
-                if let Err(error) = manifest.check_memory(available) {
-                    fail(ExitCode::NoMemory, format_args!("{error}"));
+                // One check, everything counted once: the pool (rings), the
+                // engine stack and the heap (registered arenas + RAM
+                // volumes) out of the free RAM.
+                let needed = plan
+                    .bytes()
+                    .saturating_add(crate::serve::ENGINE_STACK_BYTES)
+                    .saturating_add(plan.heap_bytes());
+                if needed > free.total() {
+                    fail(
+                        ExitCode::NoMemory,
+                        format_args!(
+                            "the manifest needs {} (rings {} + engine stack {} + registered \
+                             arenas {} + RAM volumes {}), {} of RAM is free: give the guest \
+                             more memory or lower [limits] queue_depth / max_sessions",
+                            Bytes(needed),
+                            Bytes(plan.bytes()),
+                            Bytes(crate::serve::ENGINE_STACK_BYTES),
+                            Bytes(plan.arenas),
+                            Bytes(plan.ram_volumes),
+                            Bytes(free.total())
+                        ),
+                    );
                 }
                 let pool = carve(&mut free, "pool", plan.bytes(), POOL_ALIGN);
-                log!(
-                    "pool (DMA + registered memory: chunk pools {} + rings {}): {pool}",
-                    Bytes(plan.chunk_pools),
-                    Bytes(plan.rings)
-                );
+                log!("pool (DMA: rings, frame buffers): {pool}");
                 let stack = carve(
                     &mut free,
                     "engine stack",
@@ -273,36 +300,92 @@ mod board {
                     4096,
                 );
                 log!("engine stack: {stack}");
-                if free.total() < plan.heap_bytes() {
-                    fail(
-                        ExitCode::NoMemory,
-                        format_args!(
-                            "RAM volumes need {} of heap, {} left after the pool",
-                            Bytes(plan.heap_bytes()),
-                            Bytes(free.total())
-                        ),
-                    );
-                }
-                // The last RING_BYTES of the pool: NIC rings and buffers.
-                let rings = Range {
-                    start: pool.end - RING_BYTES.min(pool.len()),
-                    end: pool.end,
-                };
-                Some((blob, rings, stack))
+                log!(
+                    "heap needs: registered arenas {} + RAM volumes {}",
+                    Bytes(plan.arenas),
+                    Bytes(plan.ram_volumes)
+                );
+                // The whole pool is the drivers' DMA memory.
+                Some((blob, pool, stack))
             }
         };
 
-        // Everything not carved is heap (the engine's RAM volumes live there).
+        // Everything not carved is heap (the engine's RAM volumes and
+        // registered arenas live there), given as zero-filled memory so
+        // that `vec![0; n]` does not clear it again (~1 s under TCG for the
+        // example manifest).
+        //
+        // ASSUMPTION: free RAM is zero when the image starts, except the
+        // top FIRMWARE_SCRATCH_BYTES below the end of RAM. QEMU backs guest
+        // RAM with fresh anonymous memory (zero-filled), a PVH boot loads
+        // nothing but the image and the modules (excluded from `free`), and
+        // SeaBIOS keeps its tables below 1 MiB or in ranges the map does
+        // not list as RAM, but it also uses scratch memory near the top of
+        // RAM that QEMU's memory map still calls free: measured with
+        // `zero-check` on QEMU 7.2, ~200 KiB of non-zero bytes 16 MiB below
+        // the end of RAM, at 832 MiB and at 1400 MiB of guest memory. That
+        // top part joins the heap as ordinary (cleared-on-use) memory. A
+        // warm reboot or another loader breaks the assumption: boot with
+        // `zero-check` (`-append zero-check`) to scan the heap and report
+        // non-zero bytes, and with `no-pristine` to clear as usual.
+        let trust_zero = !info
+            .cmdline
+            .split_whitespace()
+            .any(|word| word == "no-pristine");
+        let zero_check = info
+            .cmdline
+            .split_whitespace()
+            .any(|word| word == "zero-check");
+        let end_of_ram = free
+            .ranges()
+            .iter()
+            .map(|range| range.end)
+            .max()
+            .unwrap_or(0);
+        let scratch_from = end_of_ram.saturating_sub(FIRMWARE_SCRATCH_BYTES);
         for range in free.ranges() {
-            // SAFETY: as for the boot heap: free RAM no one else uses; the
-            // ranges are dropped from `free` right after.
-            #[allow(unsafe_code)]
-            unsafe {
-                HEAP.add(range.start, range.len())
+            if zero_check {
+                // SAFETY: free RAM inside the identity map, not yet used.
+                #[allow(unsafe_code)]
+                let (count, found) =
+                    unsafe { crate::memory::nonzero_bytes(range.start, range.len()) };
+                match found {
+                    None => log!("zero-check {range}: all zero"),
+                    Some((first, last)) => log!(
+                        "zero-check {range}: {count} non-zero bytes in [{first:#x}, {:#x}]",
+                        last + 7
+                    ),
+                }
+            }
+            let split = if trust_zero {
+                scratch_from.clamp(range.start, range.end)
+            } else {
+                range.start
             };
+            if split > range.start {
+                // SAFETY: as for the boot heap: free RAM no one else uses;
+                // the ranges are dropped from `free` right after.
+                // Zero-filled: the assumption above (below the scratch).
+                #[allow(unsafe_code)]
+                unsafe {
+                    HEAP.add_zeroed(range.start, split - range.start)
+                };
+            }
+            if range.end > split {
+                // SAFETY: as for the boot heap: free RAM no one else uses;
+                // the ranges are dropped from `free` right after.
+                #[allow(unsafe_code)]
+                unsafe {
+                    HEAP.add(split, range.end - split)
+                };
+            }
         }
         let (heap_free, heap_ranges, _) = HEAP.stats();
-        log!("heap: {} free in {heap_ranges} ranges", Bytes(heap_free));
+        log!(
+            "heap: {} free in {heap_ranges} ranges, {} of it known zero",
+            Bytes(heap_free),
+            Bytes(HEAP.pristine())
+        );
 
         let now = clock.now();
         let since_reset = clock.ticks_to_ns(crate::clock::rdtsc());
@@ -334,8 +417,9 @@ mod board {
                         Err(error) => fail(ExitCode::BadManifest, format_args!("{error}")),
                     };
                     crate::serve::check_volume_kinds(&manifest);
-                    let nics = crate::serve::open_nics(&virtio_nets, &manifest, rings);
-                    crate::serve::serve(manifest, nics, clock)
+                    let mut pool = crate::serve::dma_pool(rings);
+                    let nics = crate::serve::open_nics(&virtio_nets, &manifest, &mut pool);
+                    crate::serve::serve(manifest, nics, &virtio_blks, pool, clock)
                 });
             }
         }

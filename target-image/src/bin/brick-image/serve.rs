@@ -16,8 +16,11 @@
 //! [`serve`] runs on its own stack (the caller switches with
 //! [`on_stack`]; [`ENGINE_STACK_BYTES`]: building the engine overflows the
 //! 256 KiB boot stack), checks that the heap holds the engine's registered
-//! arenas (allocated from the heap, not the boot pool, for now), builds
-//! the engine (RAM volumes; keys from RDRAND) and runs the loop of
+//! arenas (allocated from the heap; the boot pool holds only the drivers'
+//! DMA memory), builds the engine ([`Volume`]: RAM volumes and virtio-blk
+//! disks (`1af4:1042`) at the manifest's PCI addresses, rings and bounce
+//! slots from the same DMA pool as the NICs, chunks transferred in place
+//! through [`Engine::set_identity_dma`]; keys from RDRAND) and runs the loop of
 //! `brick-target`: a bounded receive burst per NIC into
 //! `Engine::receive`, `Engine::poll` transmitting through the NICs, a
 //! `flush` per NIC (TX doorbells are batched), then idling. The NICs are
@@ -28,23 +31,28 @@
 //! quiet spell therefore waits up to one slice.
 //!
 //! Unsafe: the transport's construction (register addresses vouched for
-//! by the PCI probe), the DMA region (carved from free RAM) and the stack
-//! switch in [`on_stack`].
+//! by the PCI probe), the DMA region (carved from free RAM), the engine's
+//! identity-DMA promise and the stack switch in [`on_stack`].
 
 #![allow(unsafe_code)]
 
+use alloc::boxed::Box;
 use alloc::vec::Vec;
 use core::fmt;
 
+use hal::block::{BlockDevice, BufferAccess, Completion, DeviceInfo, Request, SubmitError};
 use hal::dma::{DmaPool, DmaRegion};
+use hal::virtio::blk::VirtioBlk;
 use hal::virtio::net::{NetConfig, VirtioNet};
 use hal::virtio::read_config_bytes;
 use hal::virtio::transport::{PciRegions, PciTransport, VirtioTransport};
 use hal::{Clock, Idle, Nic};
 use manifest::binary::{Backing, Manifest};
+use manifest::types::VirtioSelector;
+use rtrs::server::ServerConfig;
 use target_image::boot::memory::Range;
 use target_image::boot::pvh::Bytes;
-use target_image::Engine;
+use target_image::{BuildError, Chunk, Engine, RamVolume};
 use verbs::KeySource;
 
 use crate::clock::Tsc;
@@ -57,6 +65,8 @@ use crate::port::{exit, ExitCode};
 pub const VIRTIO_VENDOR: u16 = 0x1af4;
 /// PCI device id of a modern (non-transitional) virtio-net device.
 pub const VIRTIO_NET_MODERN: u16 = 0x1041;
+/// PCI device id of a modern (non-transitional) virtio-blk device.
+pub const VIRTIO_BLK_MODERN: u16 = 0x1042;
 /// Virtio capabilities remembered per device (QEMU has five).
 const MAX_VIRTIO_CAPABILITIES: usize = 8;
 /// Frames taken from one NIC per loop turn (bounds the work per turn).
@@ -70,6 +80,63 @@ const STATS_EVERY_NS: u64 = 30_000_000_000;
 
 /// The image's NIC type.
 pub type Net = VirtioNet<PciTransport>;
+/// The image's disk type (virtio-blk volumes).
+pub type Disk = VirtioBlk<Chunk, PciTransport>;
+
+/// A volume of the image: RAM or a virtio-blk disk.
+pub enum Volume {
+    /// Zeroed RAM (boxed: its completion queue is inline).
+    Ram(Box<RamVolume>),
+    /// A virtio-blk device, polled.
+    Disk(Box<Disk>),
+}
+
+impl BlockDevice<Chunk> for Volume {
+    fn info(&self) -> DeviceInfo {
+        match self {
+            Self::Ram(device) => device.info(),
+            Self::Disk(device) => device.info(),
+        }
+    }
+
+    fn submit<A: BufferAccess<Chunk> + ?Sized>(
+        &mut self,
+        request: Request<Chunk>,
+        buffers: &mut A,
+    ) -> Result<(), SubmitError> {
+        match self {
+            Self::Ram(device) => device.submit(request, buffers),
+            Self::Disk(device) => device.submit(request, buffers),
+        }
+    }
+
+    fn poll<A: BufferAccess<Chunk> + ?Sized>(
+        &mut self,
+        now: u64,
+        buffers: &mut A,
+        max: usize,
+        on_completion: &mut impl FnMut(Completion<Chunk>),
+    ) -> usize {
+        match self {
+            Self::Ram(device) => device.poll(now, buffers, max, on_completion),
+            Self::Disk(device) => device.poll(now, buffers, max, on_completion),
+        }
+    }
+
+    fn poll_at(&self) -> Option<u64> {
+        match self {
+            Self::Ram(device) => device.poll_at(),
+            Self::Disk(device) => device.poll_at(),
+        }
+    }
+
+    fn in_flight(&self) -> usize {
+        match self {
+            Self::Ram(device) => device.in_flight(),
+            Self::Disk(device) => device.in_flight(),
+        }
+    }
+}
 
 /// A MAC address for the log.
 struct Mac([u8; 6]);
@@ -91,24 +158,38 @@ pub fn is_virtio_net(function: &Function) -> bool {
     function.vendor == VIRTIO_VENDOR && function.device == VIRTIO_NET_MODERN
 }
 
+/// Whether `function` is a modern virtio-blk device.
+pub fn is_virtio_blk(function: &Function) -> bool {
+    function.vendor == VIRTIO_VENDOR && function.device == VIRTIO_BLK_MODERN
+}
+
 /// Refuses (exit [`ExitCode::Unsupported`]) a manifest with a volume kind
-/// the image does not serve yet: only RAM volumes today.
+/// the image does not serve: it serves RAM volumes and virtio-blk volumes
+/// selected by PCI address. A virtio-blk volume selected by serial needs
+/// `VIRTIO_BLK_T_GET_ID`, which the driver does not send yet; files and
+/// host block devices are the hosted target's.
 pub fn check_volume_kinds(manifest: &Manifest<'_>) {
     let mut refused = 0;
     for volume in manifest.volumes() {
-        if !matches!(volume.backing, Backing::Ram { .. }) {
-            log!(
-                "volume {}: kind {} is not served by the image yet (RAM volumes only)",
-                volume.name,
-                volume.backing.kind().as_str()
-            );
-            refused += 1;
-        }
+        let why = match volume.backing {
+            Backing::Ram { .. } | Backing::VirtioBlk(VirtioSelector::Pci(_)) => continue,
+            Backing::VirtioBlk(VirtioSelector::Serial(_)) => {
+                "virtio-blk by serial is not supported yet (the driver does not send \
+                 VIRTIO_BLK_T_GET_ID): select the disk with `pci = \"bb:dd.f\"`"
+            }
+            _ => "not served by the image (RAM and virtio-blk volumes only)",
+        };
+        log!(
+            "volume {}: kind {}: {why}",
+            volume.name,
+            volume.backing.kind().as_str()
+        );
+        refused += 1;
     }
     if refused > 0 {
         fail(
             ExitCode::Unsupported,
-            format_args!("{refused} volume(s) of a kind the image cannot serve: manifest refused"),
+            format_args!("{refused} volume(s) the image cannot serve: manifest refused"),
         );
     }
 }
@@ -155,20 +236,24 @@ fn transport(function: &Function) -> Result<PciTransport, &'static str> {
     unsafe { PciTransport::new(regions) }.ok_or("register block missing or too short")
 }
 
-/// Brings up one [`Net`] per manifest interface from the virtio-net
-/// `functions` (PCI order), with rings and buffers from `dma`. Exits with
-/// [`ExitCode::NoNic`] if a NIC is missing or fails to start.
-pub fn open_nics(functions: &[Function], manifest: &Manifest<'_>, dma: Range) -> Vec<Net> {
+/// The DMA pool over `dma`, the pool carved at boot (rings, frame buffers,
+/// bounce slots of every NIC and disk).
+pub fn dma_pool(dma: Range) -> DmaPool {
     let len = usize::try_from(dma.len()).unwrap_or(0);
     // SAFETY: `dma` was carved from the free RAM of the memory map (not
     // the image, the heap or loader data) below the 4 GiB identity map, so
     // virtual == physical and QEMU's devices reach it at that address (no
     // IOMMU); only the DMA pool uses it, for as long as the image runs.
-    let region = match unsafe { DmaRegion::new(dma.start as usize as *mut u8, dma.start, len) } {
-        Ok(region) => region,
+    match unsafe { DmaRegion::new(dma.start as usize as *mut u8, dma.start, len) } {
+        Ok(region) => DmaPool::new(region),
         Err(error) => fail(ExitCode::Failure, format_args!("DMA region {dma}: {error}")),
-    };
-    let mut pool = DmaPool::new(region);
+    }
+}
+
+/// Brings up one [`Net`] per manifest interface from the virtio-net
+/// `functions` (PCI order), with rings and buffers from `pool`. Exits with
+/// [`ExitCode::NoNic`] if a NIC is missing or fails to start.
+pub fn open_nics(functions: &[Function], manifest: &Manifest<'_>, pool: &mut DmaPool) -> Vec<Net> {
     let config = NetConfig::default();
     let mut claimed = alloc::vec![false; functions.len()];
     let mut transports: Vec<Option<(PciTransport, [u8; 6])>> = functions
@@ -225,7 +310,7 @@ pub fn open_nics(functions: &[Function], manifest: &Manifest<'_>, dma: Range) ->
             mac: Some(wanted),
             ..config
         };
-        let net = match VirtioNet::new(transport, &mut pool, net_config) {
+        let net = match VirtioNet::new(transport, pool, net_config) {
             Ok(net) => net,
             Err(error) => fail(
                 ExitCode::NoNic,
@@ -255,6 +340,57 @@ pub fn open_nics(functions: &[Function], manifest: &Manifest<'_>, dma: Range) ->
     nics
 }
 
+/// Opens the virtio-blk volume `volume` (selected by PCI address) from the
+/// virtio-blk `functions`, rings and bounce slots from `pool`.
+fn open_disk(
+    functions: &[Function],
+    claimed: &mut [bool],
+    pool: &mut DmaPool,
+    config: &ServerConfig,
+    volume: &manifest::binary::Volume<'_>,
+) -> Result<Disk, BuildError> {
+    let refuse = |why: alloc::string::String| BuildError::Volume(volume.name.into(), why);
+    let Backing::VirtioBlk(VirtioSelector::Pci(wanted)) = volume.backing else {
+        return Err(refuse("not a virtio-blk volume by PCI address".into()));
+    };
+    let slot = functions.iter().position(|function| {
+        wanted.domain == 0
+            && function.address.bus == wanted.bus
+            && function.address.device == wanted.device
+            && function.address.function == wanted.function
+    });
+    let Some(slot) = slot else {
+        return Err(refuse(alloc::format!(
+            "no virtio-blk device (1af4:1042) at pci {wanted} ({} found): boot QEMU with \
+             -device virtio-blk-pci,disable-legacy=on,addr={:02x}.{}",
+            functions.len(),
+            wanted.device,
+            wanted.function
+        )));
+    };
+    if core::mem::replace(&mut claimed[slot], true) {
+        return Err(refuse(alloc::format!(
+            "pci {wanted} is already another volume's"
+        )));
+    }
+    let transport =
+        transport(&functions[slot]).map_err(|why| refuse(alloc::format!("pci {wanted}: {why}")))?;
+    let disk = Disk::new(transport, pool, target_image::virtio_blk_config(config))
+        .map_err(|error| refuse(alloc::format!("pci {wanted}: virtio-blk: {error}")))?;
+    let info = disk.info();
+    log!(
+        "disk: volume {} on pci {}: {} in {}-byte blocks, write cache {}, features {:#x}, DMA left {} KiB",
+        volume.name,
+        functions[slot].address,
+        Bytes(info.size),
+        info.logical_block_size,
+        info.volatile_write_cache,
+        disk.features(),
+        pool.remaining() / 1024
+    );
+    Ok(disk)
+}
+
 /// Keys for the engine's memory registrations.
 struct Keys(crate::rng::Source);
 
@@ -281,7 +417,13 @@ fn gather<'a>(payload: &[&'a [u8]], trailer: &'a [u8], out: &mut [&'a [u8]; 8]) 
 /// Builds the engine from `manifest` and serves on `nics` until the VM is
 /// stopped. `boot_ns` is the image's boot clock at the call (for the
 /// "serving after" line).
-pub fn serve(manifest: Manifest<'_>, mut nics: Vec<Net>, clock: Tsc) -> ! {
+pub fn serve(
+    manifest: Manifest<'_>,
+    mut nics: Vec<Net>,
+    disks: &[Function],
+    mut pool: DmaPool,
+    clock: Tsc,
+) -> ! {
     // The engine allocates its registered arenas from the heap (not from
     // the boot pool, yet): refuse clearly rather than fail an allocation.
     let arenas = (target_image::arena_bytes(&target_image::server_config(&manifest)) as u64)
@@ -304,11 +446,40 @@ pub fn serve(manifest: Manifest<'_>, mut nics: Vec<Net>, clock: Tsc) -> ! {
             ),
         );
     }
-    let mut engine = match Engine::new(manifest, |_| Keys(crate::rng::Source::detect())) {
+    // Boot phases (TCG makes zeroing memory the visible cost): RAM volumes
+    // opened, then the rest of the engine (registered arenas, tables).
+    let build_start = clock.now();
+    let mut volumes_ns = 0;
+    let mut claimed = alloc::vec![false; disks.len()];
+    let open = |config: &ServerConfig, volume: &manifest::binary::Volume<'_>| {
+        let start = clock.now();
+        let opened = match volume.backing {
+            Backing::VirtioBlk(_) => open_disk(disks, &mut claimed, &mut pool, config, volume)
+                .map(|disk| Volume::Disk(Box::new(disk))),
+            _ => target_image::ram_volume(volume).map(|ram| Volume::Ram(Box::new(ram))),
+        };
+        volumes_ns += clock.now() - start;
+        opened
+    };
+    let keys = |_| Keys(crate::rng::Source::detect());
+    let mut engine = match Engine::with_volumes(manifest, keys, open) {
         Ok(engine) => engine,
         Err(error) => fail(ExitCode::BadManifest, format_args!("engine: {error}")),
     };
+    let build_ns = clock.now() - build_start;
+    // SAFETY: the engine's arenas are heap `Vec`s, and the heap is RAM
+    // carved from the memory map below the 0-4 GiB identity map (virtual
+    // == physical == bus address: QEMU has no IOMMU here), so virtio-blk
+    // can read and write chunks in place.
+    unsafe { engine.set_identity_dma() };
     engine.set_logger(|args| log!("{args}"));
+    log!(
+        "engine built in {} us: volumes {} us, arenas and tables {} us (boot until then {} us)",
+        build_ns / 1000,
+        volumes_ns / 1000,
+        build_ns.saturating_sub(volumes_ns) / 1000,
+        build_start / 1000
+    );
     for volume in engine.manifest().volumes() {
         log!("serving {volume}");
     }
