@@ -20,6 +20,11 @@
 //! with QEMU's stream framing (a relay's side, `cargo xtask relay`), with
 //! the interface's MAC; the image then serves. `--serve` drops the timeout:
 //! QEMU runs until killed (Ctrl-C).
+//!
+//! [`suite`] is the `image` suite of `cargo xtask test` (default tier, no
+//! Linux VMs): one boot per [`BOOT_CASES`] entry, a clean boot and each
+//! refusal with its own QEMU status. `image-idle` ([`run_idle`]) prints
+//! QEMU's CPU use while the image serves with no client.
 
 use crate::paths;
 use crate::util;
@@ -454,6 +459,472 @@ fn boot(qemu: &mut Command, timeout: Option<Duration>) -> Result<Option<i32>> {
     let _ = copier.join();
     println!();
     Ok(status)
+}
+
+/// One boot of the `image` suite: a manifest, how it is spoiled, and the
+/// QEMU status and console line the image must answer with.
+struct BootCase {
+    name: &'static str,
+    /// Manifest source (TOML).
+    manifest: &'static str,
+    /// Invert this byte of the blob.
+    flip_byte: Option<usize>,
+    /// Guest memory in MiB (default: [`guest_mib`]).
+    memory: Option<u64>,
+    /// NICs to attach (each to its own listening socket): with one, the
+    /// image goes on to serve.
+    nics: usize,
+    /// The QEMU exit status expected.
+    status: i32,
+    /// A line of the console that must appear.
+    expect: &'static str,
+}
+
+/// One interface, one 16 MiB RAM volume: the smallest manifest that serves.
+const SMALL: &str = r#"
+[target]
+name = "brick-image-check"
+
+[[interfaces]]
+name = "eth0"
+mac = "52:54:00:77:00:01"
+address = "10.77.0.1/24"
+
+[[volumes]]
+name = "vol0"
+kind = "ram"
+size = "16MiB"
+
+[[access]]
+sessions = "*"
+volumes = "*"
+mode = "rw"
+"#;
+
+/// [`SMALL`] plus a file-backed volume, which only the hosted target serves.
+const FILE_VOLUME: &str = r#"
+[target]
+name = "brick-image-check"
+
+[[interfaces]]
+name = "eth0"
+mac = "52:54:00:77:00:01"
+address = "10.77.0.1/24"
+
+[[volumes]]
+name = "vol0"
+kind = "ram"
+size = "16MiB"
+
+[[volumes]]
+name = "file0"
+kind = "file"
+path = "/var/lib/brick/file0.img"
+size = "64MiB"
+
+[[access]]
+sessions = "*"
+volumes = "*"
+mode = "rw"
+"#;
+
+/// [`SMALL`] plus a virtio-blk volume at a PCI slot with no disk.
+const MISSING_DISK: &str = r#"
+[target]
+name = "brick-image-check"
+
+[[interfaces]]
+name = "eth0"
+mac = "52:54:00:77:00:01"
+address = "10.77.0.1/24"
+
+[[volumes]]
+name = "vol0"
+kind = "ram"
+size = "16MiB"
+
+[[volumes]]
+name = "disk0"
+kind = "virtio-blk"
+pci = "00:10.0"
+
+[[access]]
+sessions = "*"
+volumes = "*"
+mode = "rw"
+"#;
+
+/// Two interfaces; the suite attaches one NIC.
+const TWO_INTERFACES: &str = r#"
+[target]
+name = "brick-image-check"
+
+[[interfaces]]
+name = "eth0"
+mac = "52:54:00:77:00:01"
+address = "10.77.0.1/24"
+
+[[interfaces]]
+name = "eth1"
+mac = "52:54:00:78:00:01"
+address = "10.78.0.1/24"
+
+[[volumes]]
+name = "vol0"
+kind = "ram"
+size = "16MiB"
+
+[[access]]
+sessions = "*"
+volumes = "*"
+mode = "rw"
+"#;
+
+/// A manifest whose RAM volumes (512 MiB) cannot fit in 256 MiB of guest.
+const TWO_RAM_VOLUMES: &str = include_str!("../../examples/two-ram-volumes.toml");
+
+/// The cases of the `image` suite (default tier): a clean boot and each
+/// refusal, each with its own QEMU status. All boot the image under TCG
+/// in about a second.
+const BOOT_CASES: &[BootCase] = &[
+    BootCase {
+        name: "boot_checks",
+        manifest: TWO_RAM_VOLUMES,
+        flip_byte: None,
+        memory: None,
+        nics: 0,
+        status: 33,
+        expect: "boot checks passed",
+    },
+    BootCase {
+        name: "bad_checksum",
+        manifest: SMALL,
+        // A byte of the contents, past the 32-byte header.
+        flip_byte: Some(40),
+        memory: None,
+        nics: 0,
+        status: 37,
+        expect: "checksum mismatch",
+    },
+    BootCase {
+        name: "bad_magic",
+        manifest: SMALL,
+        flip_byte: Some(0),
+        memory: None,
+        nics: 0,
+        status: 37,
+        expect: "magic",
+    },
+    BootCase {
+        name: "ram_too_large",
+        manifest: TWO_RAM_VOLUMES,
+        flip_byte: None,
+        memory: Some(256),
+        nics: 0,
+        status: 39,
+        expect: "give the guest more memory",
+    },
+    BootCase {
+        name: "file_volume_refused",
+        manifest: FILE_VOLUME,
+        flip_byte: None,
+        memory: None,
+        nics: 1,
+        status: 43,
+        expect: "the image cannot serve",
+    },
+    BootCase {
+        name: "virtio_blk_missing_disk",
+        manifest: MISSING_DISK,
+        flip_byte: None,
+        memory: None,
+        nics: 1,
+        // The engine refuses it when it opens the volume (not the kind
+        // check before it): a refused manifest.
+        status: 37,
+        expect: "no virtio-blk device",
+    },
+    BootCase {
+        name: "interface_without_nic",
+        manifest: TWO_INTERFACES,
+        flip_byte: None,
+        memory: None,
+        nics: 1,
+        status: 41,
+        expect: "no usable virtio-net device",
+    },
+];
+
+/// How long one boot case may take before QEMU is killed.
+const BOOT_CASE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The `image` suite of `cargo xtask test` (no Linux VMs): builds the
+/// image, then boots it once per [`BOOT_CASES`] entry, printing one line
+/// per case (`image boot_checks ... ok (0.6 s)`).
+pub fn suite(filter: Option<&str>, failures: &mut Vec<String>) -> crate::suite::Counts {
+    let mut counts = crate::suite::Counts::default();
+    let selected =
+        |case: &BootCase| filter.is_none_or(|f| format!("image {}", case.name).contains(f));
+    if !BOOT_CASES.iter().any(selected) {
+        return counts;
+    }
+    let image = match build() {
+        Ok(image) => image,
+        Err(error) => {
+            println!("image build ... FAILED");
+            failures.push(format!("image build: {error:#}"));
+            counts.failed += 1;
+            return counts;
+        }
+    };
+    for case in BOOT_CASES {
+        if !selected(case) {
+            continue;
+        }
+        let full_name = format!("image {}", case.name);
+        let start = Instant::now();
+        let result = run_boot_case(&image, case);
+        let took = start.elapsed().as_secs_f64();
+        match result {
+            Ok(note) => {
+                println!("{full_name} ... ok ({took:.1} s){note}");
+                counts.passed += 1;
+            }
+            Err(error) => {
+                println!("{full_name} ... FAILED ({took:.1} s)\n{error:#}");
+                failures.push(full_name);
+                counts.failed += 1;
+            }
+        }
+    }
+    counts
+}
+
+/// Boots one case; `Ok` carries a note for the result line (the boot time).
+fn run_boot_case(image: &Path, case: &BootCase) -> Result<String> {
+    let scratch = paths::scratch("image-check");
+    let result = (|| {
+        let config = manifest::compile(case.manifest, case.name)
+            .map_err(|e| anyhow::anyhow!("{}: {e}", case.name))?;
+        let mut blob = config.to_binary().map_err(|e| anyhow::anyhow!("{e}"))?;
+        let memory = case.memory.unwrap_or_else(|| guest_mib(&blob));
+        if let Some(offset) = case.flip_byte {
+            let len = blob.len();
+            let byte = blob
+                .get_mut(offset)
+                .with_context(|| format!("the blob is {len} bytes"))?;
+            *byte = !*byte;
+        }
+        let blob_path = scratch.join("manifest.bin");
+        std::fs::write(&blob_path, &blob)?;
+        let parsed = manifest::binary::Manifest::parse(&blob).ok();
+        // Each NIC's socket: listened on here, never read (the image
+        // refuses or checks before it sends anything that matters).
+        let mut listeners = Vec::new();
+        let mut nics = Vec::new();
+        for index in 0..case.nics {
+            let socket = scratch.join(format!("nic{index}.sock"));
+            listeners.push(std::os::unix::net::UnixListener::bind(&socket)?);
+            let mac = parsed
+                .as_ref()
+                .and_then(|m| m.interfaces().nth(index))
+                .map(|i| i.mac.0)
+                .context("a NIC needs a valid manifest interface")?;
+            nics.push((socket, mac));
+        }
+        let command = qemu_command(image, &blob_path, memory, &[], &nics)?;
+        let (status, console) = boot_captured(&command, BOOT_CASE_TIMEOUT)?;
+        drop(listeners);
+        let Some(status) = status else {
+            bail!(
+                "timeout after {} s: QEMU killed\n{console}",
+                BOOT_CASE_TIMEOUT.as_secs()
+            );
+        };
+        if status != case.status || !console.contains(case.expect) {
+            bail!(
+                "expected status {} ({}) and {:?} on the console; got status {status} ({})\n{console}",
+                case.status,
+                verdict(case.status),
+                case.expect,
+                verdict(status)
+            );
+        }
+        let boot = console
+            .lines()
+            .find_map(|line| line.strip_prefix("[brick] boot: "))
+            .and_then(|rest| rest.split(" us in the image").next())
+            .map(|us| format!(", boot {us} us"));
+        let Some(boot) = boot.or_else(|| (status != 33).then(String::new)) else {
+            bail!("no boot time (\"[brick] boot: ...\") on the console\n{console}");
+        };
+        Ok(format!("{boot}, status {status}, {:?}", case.expect))
+    })();
+    let _ = std::fs::remove_dir_all(&scratch);
+    result
+}
+
+/// Runs the QEMU `command` (program first) to its end or `timeout`,
+/// capturing the console; `None` as the status on timeout.
+fn boot_captured(command: &[String], timeout: Duration) -> Result<(Option<i32>, String)> {
+    let (program, args) = command.split_first().context("empty QEMU command")?;
+    let mut child = Command::new(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("could not start qemu-system-x86_64 (apt-get install qemu-system-x86)")?;
+    let mut stdout = child.stdout.take().context("QEMU stdout")?;
+    let mut stderr = child.stderr.take().context("QEMU stderr")?;
+    let out = std::thread::spawn(move || {
+        let mut text = Vec::new();
+        let _ = stdout.read_to_end(&mut text);
+        text
+    });
+    let err = std::thread::spawn(move || {
+        let mut text = Vec::new();
+        let _ = stderr.read_to_end(&mut text);
+        text
+    });
+    let deadline = Instant::now() + timeout;
+    let status = loop {
+        if let Some(status) = child.try_wait()? {
+            break Some(status.code().unwrap_or(-1));
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut console = String::from_utf8_lossy(&out.join().unwrap_or_default()).into_owned();
+    let errors = err.join().unwrap_or_default();
+    if !errors.is_empty() {
+        console += "--- QEMU stderr ---\n";
+        console += &String::from_utf8_lossy(&errors);
+    }
+    Ok((status, console))
+}
+
+/// `cargo xtask image-idle` options.
+#[derive(clap::Args)]
+pub struct ImageIdleArgs {
+    /// Seconds to measure over, once the image serves.
+    #[arg(long, default_value_t = 30)]
+    seconds: u64,
+    /// Measure the last built image instead of building it first.
+    #[arg(long)]
+    no_build: bool,
+}
+
+/// Clock ticks per second of `/proc/<pid>/stat` times (`USER_HZ`, 100 on
+/// x86_64 Linux).
+const USER_HZ: f64 = 100.0;
+
+/// CPU time (user + system) of process `pid` so far, in seconds.
+fn cpu_seconds(pid: u32) -> Result<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .with_context(|| format!("cannot read /proc/{pid}/stat"))?;
+    // Fields after the command name (which may hold spaces), from field 3
+    // (state) on: utime and stime are fields 14 and 15.
+    let rest = stat
+        .rsplit_once(") ")
+        .map(|(_, rest)| rest)
+        .context("unexpected /proc/<pid>/stat format")?;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |index: usize| -> Result<f64> {
+        let field = fields.get(index).context("short /proc/<pid>/stat")?;
+        Ok(field.parse::<u64>()? as f64)
+    };
+    Ok((ticks(11)? + ticks(12)?) / USER_HZ)
+}
+
+/// `cargo xtask image-idle`: boots the image serving [`SMALL`] with one
+/// NIC on a socket no client ever uses, waits until it serves, then
+/// measures QEMU's CPU time (utime + stime) over `--seconds` and prints
+/// it as a percentage of one core. TCG runs the guest on the QEMU
+/// process, so this is the idle loop's cost (halt vs. spin) plus QEMU's
+/// own timers.
+pub fn run_idle(args: ImageIdleArgs) -> Result<()> {
+    let image = if args.no_build {
+        built_image()?
+    } else {
+        build()?
+    };
+    let scratch = paths::scratch("image-idle");
+    let config = manifest::compile(SMALL, "image-idle").map_err(|e| anyhow::anyhow!("{e}"))?;
+    let blob = config.to_binary().map_err(|e| anyhow::anyhow!("{e}"))?;
+    let blob_path = scratch.join("manifest.bin");
+    std::fs::write(&blob_path, &blob)?;
+    let socket = scratch.join("nic0.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&socket)?;
+    let mac = manifest::binary::Manifest::parse(&blob)
+        .map_err(|e| anyhow::anyhow!("{e}"))?
+        .interfaces()
+        .next()
+        .context("the idle manifest has an interface")?
+        .mac
+        .0;
+    let command = qemu_command(&image, &blob_path, guest_mib(&blob), &[], &[(socket, mac)])?;
+    let console_path = scratch.join("console");
+    let (program, rest) = command.split_first().context("empty QEMU command")?;
+    let mut child = Command::new(program)
+        .args(rest)
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(&console_path)?)
+        .stderr(Stdio::inherit())
+        .spawn()
+        .context("could not start qemu-system-x86_64 (apt-get install qemu-system-x86)")?;
+    let result = (|| {
+        // Hold QEMU's connection open, sending nothing.
+        listener.set_nonblocking(true)?;
+        let mut connection = None;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if connection.is_none() {
+                connection = listener.accept().ok();
+            }
+            let console = std::fs::read_to_string(&console_path).unwrap_or_default();
+            if let Some(line) = console.lines().find(|l| l.contains("serving after")) {
+                util::step(format!("image serves: {line}"));
+                break;
+            }
+            if let Some(status) = child.try_wait()? {
+                bail!("QEMU exited ({status}) before serving:\n{console}");
+            }
+            if Instant::now() >= deadline {
+                bail!("the image did not serve within 60 s:\n{console}");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        // Let the boot's last work settle before measuring.
+        std::thread::sleep(Duration::from_secs(1));
+        util::step(format!(
+            "measuring QEMU's CPU time over {} idle seconds",
+            args.seconds
+        ));
+        let before = cpu_seconds(child.id())?;
+        let start = Instant::now();
+        std::thread::sleep(Duration::from_secs(args.seconds));
+        let used = cpu_seconds(child.id())? - before;
+        let wall = start.elapsed().as_secs_f64();
+        if let Some(status) = child.try_wait()? {
+            bail!("QEMU exited ({status}) while idle");
+        }
+        drop(connection);
+        println!(
+            "idle image (serving, 1 NIC, no client): QEMU used {used:.2} s of CPU in {wall:.1} s \
+             = {:.1}% of one core",
+            100.0 * used / wall
+        );
+        Ok(())
+    })();
+    let _ = child.kill();
+    let _ = child.wait();
+    let _ = std::fs::remove_dir_all(&scratch);
+    result
 }
 
 #[cfg(test)]

@@ -41,6 +41,9 @@ enum Command {
     Image,
     /// Build the image and boot it under QEMU with a manifest (fw_cfg).
     RunImage(image::RunImageArgs),
+    /// Boot the image serving with a NIC but no client and print QEMU's
+    /// CPU use over idle seconds (percent of one core).
+    ImageIdle(image::ImageIdleArgs),
     /// Build or run the Linux judge VMs.
     Vm {
         #[command(subcommand)]
@@ -76,6 +79,7 @@ fn main() {
         Command::Demo(args) => demo::run(args),
         Command::Image => image::run_build(),
         Command::RunImage(args) => image::run(args),
+        Command::ImageIdle(args) => image::run_idle(args),
         Command::Vm { command } => match command {
             VmCommand::Build => vmimage::Images::build().map(|images| images.describe()),
             VmCommand::Run { command, mtu } => demo::run_command(&command, mtu),

@@ -2,7 +2,8 @@
 //!
 //! Default (CI): lint, host tests, Brick's initiator against the hosted
 //! target as processes on this host (`initiator_suite`: a lossy link, a
-//! crash under IO), then one VM bed per target kind running the smoke
+//! crash under IO), the bare-metal image's boot checks (`image::suite`,
+//! no Linux VMs), then one VM bed per target kind running the smoke
 //! cases and the interop suite. `--full`: every case, including multipath with a path
 //! cut, target restarts and the long verifies. Cases are written against a
 //! [`Bed`] ("a target at an address on a link"), so a new target kind only
@@ -41,7 +42,8 @@ pub struct TestArgs {
     #[arg(long)]
     host_only: bool,
     /// Only these target kinds (linux-ref, brick-hosted, brick-image);
-    /// default: linux-ref and brick-hosted.
+    /// default: all three for the smoke tier, linux-ref and brick-hosted
+    /// with `--full`.
     #[arg(long = "target")]
     targets: Vec<String>,
 }
@@ -64,6 +66,8 @@ struct Case {
     /// The bed needs a probe port (`BedConfig::probe`); target kinds
     /// without one skip the case.
     probe: bool,
+    /// The initiator gets a static `brick-initiatord` ([`DAEMON_IN_GUEST`]).
+    daemon: bool,
     run: CaseFn,
 }
 
@@ -74,8 +78,15 @@ const fn case(name: &'static str, tier: Tier, paths: usize, mtu: u32, run: CaseF
         paths,
         mtu,
         probe: false,
+        daemon: false,
         run,
     }
+}
+
+/// `case` on a bed whose initiator carries `brick-initiatord`.
+const fn with_daemon(mut case: Case) -> Case {
+    case.daemon = true;
+    case
 }
 
 /// `case` on a bed with a probe port.
@@ -103,6 +114,8 @@ const CASES: &[Case] = &[
     case("jumbo_verify", Tier::Full, 1, 9000, jumbo_verify),
     case("multipath_cut", Tier::Full, 2, 1500, multipath_cut),
     with_probe(case("hostile_neighbour", Tier::Full, 1, 1500, hostile_neighbour)),
+    with_daemon(case("daemon_maps_and_reloads", Tier::Full, 1, 1500, daemon_maps_and_reloads)),
+    with_daemon(case("daemon_readds_path", Tier::Full, 2, 1500, daemon_readds_path)),
 ];
 
 /// The target kinds every suite runs against.
@@ -171,6 +184,9 @@ pub fn run(args: TestArgs) -> Result<()> {
             .push(("host brick-initiator".into(), start.elapsed(), counts));
     }
     if !args.host_only {
+        image_suite(&mut tally, &args);
+    }
+    if !args.host_only {
         match Images::build() {
             Err(error) => {
                 tally
@@ -189,7 +205,7 @@ pub fn run(args: TestArgs) -> Result<()> {
                     .into_iter()
                     .filter(|k| {
                         if args.targets.is_empty() {
-                            !k.explicit_only()
+                            !(args.full && k.explicit_only())
                         } else {
                             args.targets.iter().any(|t| t == k.name())
                         }
@@ -241,6 +257,19 @@ pub fn run(args: TestArgs) -> Result<()> {
         bail!("{} test(s) failed", total.failed);
     }
     Ok(())
+}
+
+/// The bare-metal image's boot checks (`image::suite`): no Linux VMs, a
+/// few seconds of QEMU each; runs unless `--target` leaves out brick-image.
+fn image_suite(tally: &mut Tally, args: &TestArgs) {
+    if !(args.targets.is_empty() || args.targets.iter().any(|t| t == "brick-image")) {
+        return;
+    }
+    let start = Instant::now();
+    let counts = crate::image::suite(args.filter.as_deref(), &mut tally.failures);
+    if counts.passed + counts.failed + counts.skipped > 0 {
+        tally.suites.push(("image".into(), start.elapsed(), counts));
+    }
 }
 
 fn suite(tally: &mut Tally, name: &str, f: impl FnOnce() -> Result<Counts>) {
@@ -342,6 +371,7 @@ fn vm_suite(
         .collect();
     let (mut passed, mut failed, mut skipped) = (0, 0, 0);
     let mut bed: Option<Bed> = None;
+    let mut daemon_binary: Option<Result<std::path::PathBuf>> = None;
     for case in cases {
         if case.probe && !kind.has_probe_port() {
             // Not worth booting a bed to find out.
@@ -363,14 +393,30 @@ fn vm_suite(
             skipped += 1;
             continue;
         }
+        let mut extra_files = Vec::new();
+        if case.daemon {
+            match daemon_binary.get_or_insert_with(crate::target::build_initiatord) {
+                Ok(binary) => extra_files.push((binary.clone(), DAEMON_IN_GUEST.to_string())),
+                Err(error) => {
+                    println!("vm {} {} ... FAILED (build)", kind.name(), case.name);
+                    failures.push(format!("{} {}: {error:#}", kind.name(), case.name));
+                    failed += 1;
+                    continue;
+                }
+            }
+        }
         let config = BedConfig {
             paths: case.paths,
             mtu: case.mtu,
             probe: case.probe,
+            extra_files,
             ..BedConfig::new(kind)
         };
         if bed.as_ref().is_some_and(|b| {
-            b.relays.len() != case.paths || b.mtu != case.mtu || b.probe.is_some() != case.probe
+            b.relays.len() != case.paths
+                || b.mtu != case.mtu
+                || b.probe.is_some() != case.probe
+                || b.initiator.config.extra_files != config.extra_files
         }) {
             bed = None;
         }
@@ -842,5 +888,135 @@ fn hostile_neighbour(bed: &mut Bed) -> Result<()> {
             trouble.join("\n")
         );
     }
+    Ok(())
+}
+
+/// Where the static `brick-initiatord` lands in the initiator VM.
+const DAEMON_IN_GUEST: &str = "/bin/brick-initiatord";
+
+/// A `brick-initiatord` config: `[daemon]` timings, then one volume per
+/// `(name, device_path)` in session `session` over every path of the bed.
+fn daemon_config(bed: &Bed, session: &str, volumes: &[(&str, &str)]) -> String {
+    let paths: Vec<String> = bed
+        .all_paths()
+        .split_whitespace()
+        .map(|p| format!("\"{p}\""))
+        .collect();
+    let mut config = String::from("[daemon]\npoll_interval_ms = 500\nretry_interval_s = 2\n");
+    for (name, device_path) in volumes {
+        config += &format!(
+            "\n[[volumes]]\nname = \"{name}\"\nsession = \"{session}\"\ndevice_path = \"{device_path}\"\npaths = [{}]\n",
+            paths.join(", ")
+        );
+    }
+    config
+}
+
+/// `brick-initiatord` against the real rnbd client: it maps two volumes
+/// and links them under /dev/brick (fio verifies through the links), a
+/// SIGHUP with volume b removed (and c added, if the target has a third)
+/// unmaps b and maps c, `status --json` agrees, SIGTERM exits 0 and leaves
+/// the mappings. Then `--once` maps a fresh config and exits 0, and a
+/// second `--once` exits 0 without acting.
+fn daemon_maps_and_reloads(bed: &mut Bed) -> Result<()> {
+    let volumes = &bed.target.descriptor.volumes;
+    let a = volumes[0].device_path.clone();
+    let b = volumes[1].device_path.clone();
+    let c = volumes.get(2).map(|v| v.device_path.clone());
+    let first = daemon_config(bed, "bd", &[("a", &a), ("b", &b)]);
+    let mut second_volumes = vec![("a", a.as_str())];
+    if let Some(c) = &c {
+        second_volumes.push(("c", c));
+    }
+    let second = daemon_config(bed, "bd", &second_volumes);
+    let once = daemon_config(bed, "bo", &[("a", &a)]);
+    let has_c = if c.is_some() { 1 } else { 0 };
+    let script = format!(
+        "D={DAEMON_IN_GUEST}; S=/tmp/brick-initiatord.sock; L=/tmp/initiatord.log\n\
+         trap 'echo \"--- daemon log ---\"; cat $L 2>/dev/null; echo \"--- --once logs ---\"; cat /tmp/once1.log /tmp/once2.log 2>/dev/null' EXIT\n\
+         file_of() {{ basename \"$(readlink /dev/brick/$1)\"; }}\n\
+         mapped() {{ for m in /sys/block/rnbd*; do [ \"$(cat $m/rnbd/session 2>/dev/null)\" = $1 ] && [ \"$(cat $m/rnbd/mapping_path 2>/dev/null)\" = $2 ] && basename $m; done; }}\n\
+         mkdir -p /etc/brick\n\
+         cat > /etc/brick/initiator.toml <<'EOF'\n{first}EOF\n\
+         $D --config /etc/brick/initiator.toml --check || die \"config refused\"\n\
+         $D --config /etc/brick/initiator.toml --socket $S > $L 2>&1 &\n\
+         pid=$!\n\
+         wait_for /dev/brick/a 60 || die \"/dev/brick/a did not appear\"\n\
+         wait_for /dev/brick/b 60 || die \"/dev/brick/b did not appear\"\n\
+         da=$(file_of a); db=$(file_of b)\n\
+         log \"a -> $da, b -> $db\"\n\
+         wait_for /dev/$da 10 && wait_for /dev/$db 10 || die \"device nodes missing\"\n\
+         verify $da 4k 8M\n\
+         verify $db 128k 8M\n\
+         cat > /etc/brick/initiator.toml <<'EOF'\n{second}EOF\n\
+         kill -HUP $pid\n\
+         n=0; while [ -e /dev/brick/b ] || [ -n \"$(mapped bd {b})\" ]; do n=$((n + 1)); [ $n -ge 600 ] && die \"b still mapped or linked 60 s after SIGHUP\"; sleep 0.1; done\n\
+         log \"b unlinked and {b} unmapped\"\n\
+         if [ {has_c} = 1 ]; then wait_for /dev/brick/c 60 || die \"/dev/brick/c did not appear\"; dc=$(file_of c); log \"c -> $dc\"; fi\n\
+         [ -e /sys/block/$da ] || die \"$da went away on reload\"\n\
+         n=0; until $D status --json --socket $S > /tmp/status.json 2>&1 && grep -q '\"name\":\"a\"' /tmp/status.json && ! grep -q '\"name\":\"b\"' /tmp/status.json && {{ [ {has_c} = 0 ] || grep -q '\"name\":\"c\"' /tmp/status.json; }}; do n=$((n + 1)); [ $n -ge 50 ] && die \"status: $(cat /tmp/status.json)\"; sleep 0.2; done\n\
+         echo \"status: $(cat /tmp/status.json)\"\n\
+         $D status --socket $S\n\
+         kill -TERM $pid\n\
+         wait $pid; rc=$?\n\
+         [ $rc = 0 ] || die \"daemon exited $rc on SIGTERM\"\n\
+         [ -e /sys/block/$da ] || die \"$da unmapped by the stopping daemon\"\n\
+         [ \"$(file_of a)\" = $da ] || die \"/dev/brick/a changed on stop\"\n\
+         unmap $da\n\
+         if [ {has_c} = 1 ]; then unmap $dc; fi\n\
+         rm -rf /dev/brick\n\
+         cat > /tmp/once.toml <<'EOF'\n{once}EOF\n\
+         $D --config /tmp/once.toml --once --socket $S > /tmp/once1.log 2>&1; rc=$?\n\
+         [ $rc = 0 ] || die \"first --once exited $rc\"\n\
+         [ -e /dev/brick/a ] || die \"--once did not link /dev/brick/a\"\n\
+         dn=$(file_of a)\n\
+         grep -q 'brick-initiatord: map ' /tmp/once1.log || die \"first --once logged no map\"\n\
+         $D --config /tmp/once.toml --once --socket $S > /tmp/once2.log 2>&1; rc=$?\n\
+         [ $rc = 0 ] || die \"second --once exited $rc\"\n\
+         grep -q 'all volumes mapped' /tmp/once2.log || die \"second --once did not say all volumes mapped\"\n\
+         if grep -v -e 'started:' -e 'all volumes mapped' /tmp/once2.log | grep -q .; then die \"second --once acted\"; fi\n\
+         [ \"$(file_of a)\" = $dn ] || die \"second --once changed the mapping\"\n\
+         unmap $dn\n\
+         rm -rf /dev/brick\n"
+    );
+    let output = bed.initiator.run(&script, 10 * MINUTE)?;
+    print!("{output}");
+    Ok(())
+}
+
+/// An operator removes one of a session's two paths (`remove_path`);
+/// `brick-initiatord` adds it back (`add_path`) and it connects again,
+/// with IO verified on the volume afterwards.
+fn daemon_readds_path(bed: &mut Bed) -> Result<()> {
+    let a = bed.target.descriptor.volumes[0].device_path.clone();
+    let config = daemon_config(bed, "bp", &[("a", &a)]);
+    let script = format!(
+        "D={DAEMON_IN_GUEST}; S=/tmp/brick-initiatord-p.sock; L=/tmp/initiatord-p.log\n\
+         trap 'echo \"--- daemon log ---\"; cat $L 2>/dev/null' EXIT\n\
+         P=/sys/class/rtrs-client/bp/paths\n\
+         connected() {{ n=0; for p in $P/*; do [ \"$(cat $p/state 2>/dev/null)\" = connected ] && n=$((n + 1)); done; echo $n; }}\n\
+         cat > /tmp/paths.toml <<'EOF'\n{config}EOF\n\
+         $D --config /tmp/paths.toml --socket $S > $L 2>&1 &\n\
+         pid=$!\n\
+         wait_for /dev/brick/a 60 || die \"/dev/brick/a did not appear\"\n\
+         d=$(basename \"$(readlink /dev/brick/a)\")\n\
+         n=0; until [ \"$(connected)\" = 2 ]; do n=$((n + 1)); [ $n -ge 300 ] && die \"not 2 connected paths: $(path_states bp)\"; sleep 0.1; done\n\
+         victim=$(ls $P | tail -1)\n\
+         log \"removing path $victim\"\n\
+         echo 1 > $P/$victim/remove_path || die \"remove_path $victim refused\"\n\
+         n=0; while [ -e $P/$victim ]; do n=$((n + 1)); [ $n -ge 100 ] && die \"$victim still listed after remove_path\"; sleep 0.1; done\n\
+         log \"path $victim gone; waiting for the daemon\"\n\
+         n=0; until [ \"$(cat $P/$victim/state 2>/dev/null)\" = connected ]; do n=$((n + 1)); [ $n -ge 600 ] && die \"$victim not re-added within 60 s: $(path_states bp)\"; sleep 0.1; done\n\
+         log \"path $victim back: $(path_states bp | tr '\\n' ' ')\"\n\
+         grep -q 'add_path' $L || die \"the daemon logged no add_path\"\n\
+         verify $d 4k 4M\n\
+         kill -TERM $pid\n\
+         wait $pid; rc=$?\n\
+         [ $rc = 0 ] || die \"daemon exited $rc on SIGTERM\"\n\
+         unmap $d\n\
+         rm -rf /dev/brick\n"
+    );
+    let output = bed.initiator.run(&script, 5 * MINUTE)?;
+    print!("{output}");
     Ok(())
 }

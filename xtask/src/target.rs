@@ -128,8 +128,8 @@ pub enum TargetKind {
     /// The hosted Brick target (`brick-target`) serving an examples/ manifest.
     BrickHosted,
     /// The bare-metal Brick image (`brick-image`) under QEMU, virtio-net on
-    /// the relays, serving the examples/ manifest's RAM volumes. Runs only
-    /// when named (`--target brick-image`).
+    /// the relays, serving the examples/ manifest's RAM volumes. The smoke
+    /// tier runs it (~20 s); `--full` only when named (`--target brick-image`).
     BrickImage,
 }
 
@@ -157,7 +157,8 @@ impl TargetKind {
         }
     }
 
-    /// Whether suites run it only when it is named with `--target`.
+    /// Whether the full tier runs it only when it is named with
+    /// `--target` (the smoke tier runs every kind).
     pub fn explicit_only(self) -> bool {
         matches!(self, TargetKind::BrickImage)
     }
@@ -404,6 +405,37 @@ pub fn build_hostile_probe() -> Result<PathBuf> {
         "hostile_probe",
     ]))?;
     Ok(crate::paths::repo().join("target/release/examples/hostile_probe"))
+}
+
+/// Builds `brick-initiatord` (release) statically linked for the guest,
+/// in `target/static` so the host build cache is not invalidated; the
+/// RUSTFLAGS apply to the target triple only (build scripts and proc
+/// macros stay dynamic). Returns the binary's path.
+pub fn build_initiatord() -> Result<PathBuf> {
+    step("building brick-initiatord (release, static)");
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let triple = "x86_64-unknown-linux-gnu";
+    crate::util::run(
+        Command::new(cargo)
+            .current_dir(crate::paths::repo())
+            // These would take precedence over the per-target flags.
+            .env_remove("RUSTFLAGS")
+            .env_remove("CARGO_ENCODED_RUSTFLAGS")
+            .env(
+                "CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUSTFLAGS",
+                "-C target-feature=+crt-static",
+            )
+            .args(["build", "--release", "-p", "brick-initiatord"])
+            .args(["--target", triple, "--target-dir", "target/static"]),
+    )?;
+    let binary =
+        crate::paths::repo().join(format!("target/static/{triple}/release/brick-initiatord"));
+    let described =
+        crate::util::output(Command::new("file").arg("-L").arg(&binary)).unwrap_or_default();
+    if described.contains("dynamically linked") {
+        bail!("{} is not statically linked: {described}", binary.display());
+    }
+    Ok(binary)
 }
 
 /// Builds `brick-target` (release) and returns its path.
@@ -889,6 +921,9 @@ pub struct BedConfig {
     /// Give the target a probe port ([`ProbePort`]; the hosted Brick
     /// target only, other kinds ignore it).
     pub probe: bool,
+    /// Extra host files put into the initiator's initramfs (host path,
+    /// guest path), e.g. a static `brick-initiatord`.
+    pub extra_files: Vec<(PathBuf, String)>,
 }
 
 impl BedConfig {
@@ -901,6 +936,7 @@ impl BedConfig {
             initiator_cpus: 1,
             pcap: false,
             probe: false,
+            extra_files: Vec::new(),
         }
     }
 }
@@ -939,6 +975,7 @@ impl Bed {
             fio: true,
             rping: true,
         };
+        initiator_config.extra_files = config.extra_files.clone();
         initiator_config.nics = relays
             .iter()
             .enumerate()
