@@ -103,27 +103,6 @@ fn strings(items: &[&str]) -> Vec<String> {
     items.iter().map(|s| s.to_string()).collect()
 }
 
-/// Builds brick-target and the brick CLI (release).
-fn build() -> Result<(PathBuf, PathBuf)> {
-    step("building brick-target and the brick CLI (release)");
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    crate::util::run(Command::new(cargo).current_dir(crate::paths::repo()).args([
-        "build",
-        "--release",
-        "-p",
-        "brick-target-image",
-        "--bin",
-        "brick-target",
-        "-p",
-        "brick-cli",
-        // `--bin` filters every selected package: name the CLI too.
-        "--bin",
-        "brick",
-    ]))?;
-    let release = crate::paths::repo().join("target/release");
-    Ok((release.join("brick-target"), release.join("brick")))
-}
-
 /// Starts brick-target with `manifest` and `link`; waits until it listens.
 fn start_target(binary: &Path, manifest: &Path, link: &str, log: PathBuf) -> Result<TargetProcess> {
     let file = std::fs::File::create(&log)?;
@@ -300,7 +279,7 @@ fn udp_ceiling(seconds: u32) -> Result<(f64, f64, f64, f64)> {
 }
 
 pub fn run(args: BenchInitiatorArgs) -> Result<()> {
-    let (target_binary, cli) = build()?;
+    let (target_binary, cli) = crate::util::build_target_and_cli()?;
     let dir = crate::paths::scratch("bench-initiator");
     let repo = crate::paths::repo();
     let mut columns: Vec<(&'static str, Vec<Sample>)> = Vec::new();

@@ -39,27 +39,6 @@ pub fn run(args: DemoArgs) -> Result<()> {
     }
 }
 
-/// Builds the release binaries the demo runs.
-fn build_tools() -> Result<(PathBuf, PathBuf)> {
-    step("building brick-target and the brick CLI (release)");
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    crate::util::run(Command::new(cargo).current_dir(crate::paths::repo()).args([
-        "build",
-        "--release",
-        "-p",
-        "brick-target-image",
-        "--bin",
-        "brick-target",
-        "-p",
-        "brick-cli",
-        // `--bin` filters every selected package: name the CLI too.
-        "--bin",
-        "brick",
-    ]))?;
-    let release = crate::paths::repo().join("target/release");
-    Ok((release.join("brick-target"), release.join("brick")))
-}
-
 /// A UDP port free on both 127.0.0.1 and 127.0.0.2 (4791 if it is).
 pub(crate) fn free_port() -> Result<u16> {
     let free = |port: u16| {
@@ -123,7 +102,7 @@ fn brick(cli: &Path, args: &[String]) -> Result<()> {
 }
 
 fn run_loopback() -> Result<()> {
-    let (target_binary, cli) = build_tools()?;
+    let (target_binary, cli) = crate::util::build_target_and_cli()?;
     let dir = crate::paths::scratch("demo");
     let manifest = dir.join("demo.toml");
     std::fs::write(&manifest, DEMO_MANIFEST)?;

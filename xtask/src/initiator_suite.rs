@@ -15,27 +15,6 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// Builds brick-target and the brick CLI (release).
-fn build() -> Result<(PathBuf, PathBuf)> {
-    step("building brick-target and the brick CLI (release)");
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    crate::util::run(Command::new(cargo).current_dir(crate::paths::repo()).args([
-        "build",
-        "--release",
-        "-p",
-        "brick-target-image",
-        "--bin",
-        "brick-target",
-        "-p",
-        "brick-cli",
-        // `--bin` filters every selected package: name the CLI too.
-        "--bin",
-        "brick",
-    ]))?;
-    let release = crate::paths::repo().join("target/release");
-    Ok((release.join("brick-target"), release.join("brick")))
-}
-
 /// A relay, a target behind it and the CLI's connection options.
 struct Rig {
     relay: Relay,
@@ -301,7 +280,7 @@ type HostCase = fn(&Path, &Path, &Path) -> Result<()>;
 /// Runs the suite; prints one line per case.
 pub fn suite(failures: &mut Vec<String>) -> Counts {
     let mut counts = Counts::default();
-    let (target, cli) = match build() {
+    let (target, cli) = match crate::util::build_target_and_cli() {
         Ok(tools) => tools,
         Err(error) => {
             failures.push(format!("brick-initiator build: {error:#}"));

@@ -45,15 +45,7 @@ fn build_rping() -> Result<PathBuf> {
 
 /// Builds the `brick` CLI and returns its path.
 fn build_cli() -> Result<PathBuf> {
-    step("building the brick CLI (cli/)");
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    crate::util::run(Command::new(cargo).current_dir(crate::paths::repo()).args([
-        "build",
-        "--release",
-        "-p",
-        "brick-cli",
-    ]))?;
-    Ok(crate::paths::repo().join("target/release/brick"))
+    Ok(crate::util::build_release_bins(&[("brick-cli", "brick")])?.remove(0))
 }
 
 /// A Brick tool process plugged into the relay's target side.

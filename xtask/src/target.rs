@@ -440,17 +440,7 @@ pub fn build_initiatord() -> Result<PathBuf> {
 
 /// Builds `brick-target` (release) and returns its path.
 pub fn build_brick_target() -> Result<PathBuf> {
-    step("building brick-target (release)");
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    crate::util::run(Command::new(cargo).current_dir(crate::paths::repo()).args([
-        "build",
-        "--release",
-        "-p",
-        "brick-target-image",
-        "--bin",
-        "brick-target",
-    ]))?;
-    Ok(crate::paths::repo().join("target/release/brick-target"))
+    Ok(crate::util::build_release_bins(&[("brick-target-image", "brick-target")])?.remove(0))
 }
 
 impl Target {

@@ -72,3 +72,31 @@ pub fn require_path(path: &Path, package: &str) -> Result<()> {
     }
     Ok(())
 }
+
+/// Builds release binaries, each named by (package, binary), in one cargo
+/// invocation, and returns their paths in order. (`--bin` filters every
+/// selected package, so each binary is named explicitly.)
+pub fn build_release_bins(bins: &[(&str, &str)]) -> Result<Vec<std::path::PathBuf>> {
+    let names: Vec<&str> = bins.iter().map(|(_, bin)| *bin).collect();
+    step(format!("building {} (release)", names.join(", ")));
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut command = Command::new(cargo);
+    command
+        .current_dir(crate::paths::repo())
+        .args(["build", "--release"]);
+    for (package, bin) in bins {
+        command.args(["-p", package, "--bin", bin]);
+    }
+    run(&mut command)?;
+    let release = crate::paths::repo().join("target/release");
+    Ok(names.iter().map(|bin| release.join(bin)).collect())
+}
+
+/// `brick-target` and the `brick` CLI (release): their paths.
+pub fn build_target_and_cli() -> Result<(std::path::PathBuf, std::path::PathBuf)> {
+    let paths = build_release_bins(&[
+        ("brick-target-image", "brick-target"),
+        ("brick-cli", "brick"),
+    ])?;
+    Ok((paths[0].clone(), paths[1].clone()))
+}
