@@ -14,12 +14,11 @@ use alloc::string::String;
 use std::fs::OpenOptions;
 use std::path::Path;
 
-use hal::block::{BlockDevice, BufferAccess, Completion, DeviceInfo, Request, SubmitError};
 use hal::hosted::{FileConfig, FileDevice};
 use manifest::binary::{Backing, Volume};
 use rtrs::server::ServerConfig;
 
-use crate::{ram_volume, BuildError, Chunk, RamVolume};
+use crate::{ram_volume, BuildError, Chunk, RamOr};
 
 /// Worker threads per file volume.
 const FILE_WORKERS: usize = 4;
@@ -27,67 +26,9 @@ const FILE_WORKERS: usize = 4;
 /// engine); each slot owns a bounce buffer of one chunk.
 const FILE_QUEUE_DEPTH: u32 = 128;
 
-/// A volume of the hosted target.
-pub enum HostedVolume {
-    /// Zeroed RAM (boxed: its completion queue is inline).
-    Ram(Box<RamVolume>),
-    /// A file or a block device behind a worker pool.
-    File(FileDevice<Chunk>),
-}
-
-impl BlockDevice<Chunk> for HostedVolume {
-    fn info(&self) -> DeviceInfo {
-        match self {
-            Self::Ram(device) => device.info(),
-            Self::File(device) => device.info(),
-        }
-    }
-
-    fn submit<A: BufferAccess<Chunk> + ?Sized>(
-        &mut self,
-        request: Request<Chunk>,
-        buffers: &mut A,
-    ) -> Result<(), SubmitError> {
-        match self {
-            Self::Ram(device) => device.submit(request, buffers),
-            Self::File(device) => device.submit(request, buffers),
-        }
-    }
-
-    fn poll<A: BufferAccess<Chunk> + ?Sized>(
-        &mut self,
-        now: u64,
-        buffers: &mut A,
-        max: usize,
-        on_completion: &mut impl FnMut(Completion<Chunk>),
-    ) -> usize {
-        match self {
-            Self::Ram(device) => device.poll(now, buffers, max, on_completion),
-            Self::File(device) => device.poll(now, buffers, max, on_completion),
-        }
-    }
-
-    fn poll_at(&self) -> Option<u64> {
-        match self {
-            Self::Ram(device) => device.poll_at(),
-            Self::File(device) => device.poll_at(),
-        }
-    }
-
-    fn in_flight(&self) -> usize {
-        match self {
-            Self::Ram(device) => device.in_flight(),
-            Self::File(device) => device.in_flight(),
-        }
-    }
-
-    fn readable_fd(&self) -> Option<i32> {
-        match self {
-            Self::Ram(device) => device.readable_fd(),
-            Self::File(device) => device.readable_fd(),
-        }
-    }
-}
+/// A volume of the hosted target: RAM, or a file or block device behind
+/// a worker pool.
+pub type HostedVolume = RamOr<FileDevice<Chunk>>;
 
 /// Opens the volume a manifest entry names (see the module docs).
 /// `config` bounds the transfers: one chunk at most.
@@ -108,11 +49,11 @@ pub fn open_volume(config: &ServerConfig, volume: &Volume<'_>) -> Result<HostedV
         Backing::File { path, size } => {
             prepare_file(Path::new(path), size).map_err(&fail)?;
             FileDevice::open(path, &file_config)
-                .map(HostedVolume::File)
+                .map(RamOr::Device)
                 .map_err(|e| fail(format!("open {path}: {e}")))
         }
         Backing::Block { path } => FileDevice::open(path, &file_config)
-            .map(HostedVolume::File)
+            .map(RamOr::Device)
             .map_err(|e| fail(format!("open {path}: {e}"))),
         Backing::VirtioBlk(_) => Err(fail(
             "virtio-blk volumes are served by the image, not the hosted target".into(),

@@ -139,6 +139,70 @@ pub struct Chunk {
 /// A RAM volume: zeroed at boot, completes within the poll that submits.
 pub type RamVolume = RamDisk<Vec<u8>, Chunk, RAM_QUEUE>;
 
+/// A volume that is RAM or a device `D` (files and block devices when
+/// hosted, virtio-blk in the image): one type for all of an engine's
+/// volumes, every call delegated.
+pub enum RamOr<D> {
+    /// Zeroed RAM (boxed: its completion queue is inline).
+    Ram(Box<RamVolume>),
+    /// The other kind.
+    Device(D),
+}
+
+impl<D: BlockDevice<Chunk>> BlockDevice<Chunk> for RamOr<D> {
+    fn info(&self) -> DeviceInfo {
+        match self {
+            Self::Ram(device) => device.info(),
+            Self::Device(device) => device.info(),
+        }
+    }
+
+    fn submit<A: BufferAccess<Chunk> + ?Sized>(
+        &mut self,
+        request: DeviceRequest<Chunk>,
+        buffers: &mut A,
+    ) -> Result<(), SubmitError> {
+        match self {
+            Self::Ram(device) => device.submit(request, buffers),
+            Self::Device(device) => device.submit(request, buffers),
+        }
+    }
+
+    fn poll<A: BufferAccess<Chunk> + ?Sized>(
+        &mut self,
+        now: u64,
+        buffers: &mut A,
+        max: usize,
+        on_completion: &mut impl FnMut(DeviceCompletion<Chunk>),
+    ) -> usize {
+        match self {
+            Self::Ram(device) => device.poll(now, buffers, max, on_completion),
+            Self::Device(device) => device.poll(now, buffers, max, on_completion),
+        }
+    }
+
+    fn poll_at(&self) -> Option<u64> {
+        match self {
+            Self::Ram(device) => device.poll_at(),
+            Self::Device(device) => device.poll_at(),
+        }
+    }
+
+    fn in_flight(&self) -> usize {
+        match self {
+            Self::Ram(device) => device.in_flight(),
+            Self::Device(device) => device.in_flight(),
+        }
+    }
+
+    fn readable_fd(&self) -> Option<i32> {
+        match self {
+            Self::Ram(device) => device.readable_fd(),
+            Self::Device(device) => device.readable_fd(),
+        }
+    }
+}
+
 /// Where the engine sends packets: interface index plus the HCA's
 /// scatter-gather packet (headers, payload pieces, trailer).
 pub trait Transmit {

@@ -436,3 +436,41 @@ pub trait BlockDevice<H: Copy> {
         None
     }
 }
+
+/// A boxed device is a device (large devices are boxed to keep an enum of
+/// volumes small).
+impl<H: Copy, D: BlockDevice<H>> BlockDevice<H> for alloc::boxed::Box<D> {
+    fn info(&self) -> DeviceInfo {
+        (**self).info()
+    }
+
+    fn submit<A: BufferAccess<H> + ?Sized>(
+        &mut self,
+        request: Request<H>,
+        buffers: &mut A,
+    ) -> Result<(), SubmitError> {
+        (**self).submit(request, buffers)
+    }
+
+    fn poll<A: BufferAccess<H> + ?Sized>(
+        &mut self,
+        now: u64,
+        buffers: &mut A,
+        max: usize,
+        on_completion: &mut impl FnMut(Completion<H>),
+    ) -> usize {
+        (**self).poll(now, buffers, max, on_completion)
+    }
+
+    fn poll_at(&self) -> Option<u64> {
+        (**self).poll_at()
+    }
+
+    fn in_flight(&self) -> usize {
+        (**self).in_flight()
+    }
+
+    fn readable_fd(&self) -> Option<i32> {
+        (**self).readable_fd()
+    }
+}

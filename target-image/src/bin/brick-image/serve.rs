@@ -40,7 +40,7 @@ use alloc::boxed::Box;
 use alloc::vec::Vec;
 use core::fmt;
 
-use hal::block::{BlockDevice, BufferAccess, Completion, DeviceInfo, Request, SubmitError};
+use hal::block::BlockDevice;
 use hal::dma::{DmaPool, DmaRegion};
 use hal::virtio::blk::VirtioBlk;
 use hal::virtio::net::{NetConfig, VirtioNet};
@@ -52,7 +52,7 @@ use manifest::types::VirtioSelector;
 use rtrs::server::ServerConfig;
 use target_image::boot::memory::Range;
 use target_image::boot::pvh::Bytes;
-use target_image::{BuildError, Chunk, Engine, RamVolume};
+use target_image::{BuildError, Chunk, Engine};
 use verbs::KeySource;
 
 use crate::clock::Tsc;
@@ -84,59 +84,7 @@ pub type Net = VirtioNet<PciTransport>;
 pub type Disk = VirtioBlk<Chunk, PciTransport>;
 
 /// A volume of the image: RAM or a virtio-blk disk.
-pub enum Volume {
-    /// Zeroed RAM (boxed: its completion queue is inline).
-    Ram(Box<RamVolume>),
-    /// A virtio-blk device, polled.
-    Disk(Box<Disk>),
-}
-
-impl BlockDevice<Chunk> for Volume {
-    fn info(&self) -> DeviceInfo {
-        match self {
-            Self::Ram(device) => device.info(),
-            Self::Disk(device) => device.info(),
-        }
-    }
-
-    fn submit<A: BufferAccess<Chunk> + ?Sized>(
-        &mut self,
-        request: Request<Chunk>,
-        buffers: &mut A,
-    ) -> Result<(), SubmitError> {
-        match self {
-            Self::Ram(device) => device.submit(request, buffers),
-            Self::Disk(device) => device.submit(request, buffers),
-        }
-    }
-
-    fn poll<A: BufferAccess<Chunk> + ?Sized>(
-        &mut self,
-        now: u64,
-        buffers: &mut A,
-        max: usize,
-        on_completion: &mut impl FnMut(Completion<Chunk>),
-    ) -> usize {
-        match self {
-            Self::Ram(device) => device.poll(now, buffers, max, on_completion),
-            Self::Disk(device) => device.poll(now, buffers, max, on_completion),
-        }
-    }
-
-    fn poll_at(&self) -> Option<u64> {
-        match self {
-            Self::Ram(device) => device.poll_at(),
-            Self::Disk(device) => device.poll_at(),
-        }
-    }
-
-    fn in_flight(&self) -> usize {
-        match self {
-            Self::Ram(device) => device.in_flight(),
-            Self::Disk(device) => device.in_flight(),
-        }
-    }
-}
+pub type Volume = target_image::RamOr<Box<Disk>>;
 
 /// A MAC address for the log.
 struct Mac([u8; 6]);
@@ -455,7 +403,7 @@ pub fn serve(
         let start = clock.now();
         let opened = match volume.backing {
             Backing::VirtioBlk(_) => open_disk(disks, &mut claimed, &mut pool, config, volume)
-                .map(|disk| Volume::Disk(Box::new(disk))),
+                .map(|disk| Volume::Device(Box::new(disk))),
             _ => target_image::ram_volume(volume).map(|ram| Volume::Ram(Box::new(ram))),
         };
         volumes_ns += clock.now() - start;
