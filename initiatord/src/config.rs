@@ -444,16 +444,10 @@ impl Parser<'_> {
     /// Turns a decoder error into one with a line and field path.
     fn decode_error(&self, error: toml::de::Error) -> ConfigError {
         let message = error.message().trim().to_owned();
-        let Some(span) = error
-            .span()
-            .filter(|s| !(s.start == 0 && (s.end == 0 || s.end >= self.source.trim_end().len())))
-        else {
-            return self.error(None, "", message);
-        };
-        let path = toml::de::DeTable::parse(self.source)
-            .map(|document| find_path(document.get_ref(), span.start))
-            .unwrap_or_default();
-        self.error(Some(span), path, message)
+        match manifest::toml_error_location(self.source, &error) {
+            Some((span, path)) => self.error(Some(span), path, message),
+            None => self.error(None, "", message),
+        }
     }
 
     fn parse(&self) -> Result<Config, ConfigError> {
@@ -641,62 +635,6 @@ impl Parser<'_> {
 fn list(paths: &[PathSpec]) -> String {
     let items: Vec<String> = paths.iter().map(|p| format!("\"{p}\"")).collect();
     format!("[{}]", items.join(", "))
-}
-
-/// The path of the deepest key, value or array element whose span holds
-/// `offset` (as in the manifest compiler). Spans of tables opened by a
-/// `[header]` cover only the header, so the whole tree is searched.
-fn find_path(table: &toml::de::DeTable<'_>, offset: usize) -> String {
-    fn holds(span: Range<usize>, offset: usize) -> bool {
-        span.start <= offset && offset < span.end.max(span.start + 1)
-    }
-    fn walk_value(
-        value: &toml::de::DeValue<'_>,
-        offset: usize,
-        path: &str,
-        best: &mut Option<String>,
-    ) {
-        match value {
-            toml::de::DeValue::Table(table) => walk_table(table, offset, path, best),
-            toml::de::DeValue::Array(items) => {
-                for (i, item) in items.iter().enumerate() {
-                    let item_path = format!("{path}[{i}]");
-                    if holds(item.span(), offset) {
-                        consider(&item_path, best);
-                    }
-                    walk_value(item.get_ref(), offset, &item_path, best);
-                }
-            }
-            _ => {}
-        }
-    }
-    fn walk_table(
-        table: &toml::de::DeTable<'_>,
-        offset: usize,
-        path: &str,
-        best: &mut Option<String>,
-    ) {
-        for (key, value) in table.iter() {
-            let key_path = if path.is_empty() {
-                key.get_ref().to_string()
-            } else {
-                format!("{path}.{}", key.get_ref())
-            };
-            if holds(key.span(), offset) || holds(value.span(), offset) {
-                consider(&key_path, best);
-            }
-            walk_value(value.get_ref(), offset, &key_path, best);
-        }
-    }
-    fn consider(path: &str, best: &mut Option<String>) {
-        let depth = |p: &str| (p.matches(['.', '[']).count(), p.len());
-        if best.as_deref().is_none_or(|b| depth(path) > depth(b)) {
-            *best = Some(path.to_owned());
-        }
-    }
-    let mut best = None;
-    walk_table(table, offset, "", &mut best);
-    best.unwrap_or_default()
 }
 
 #[cfg(test)]

@@ -320,17 +320,10 @@ impl Compiler<'_> {
     /// Turns a decoder error into one with a line and field path.
     fn decode_error(&self, error: toml::de::Error) -> CompileError {
         let message = error.message().trim().to_owned();
-        // A span over the whole document (a missing top-level table) has no line.
-        let Some(span) = error
-            .span()
-            .filter(|s| !(s.start == 0 && (s.end == 0 || s.end >= self.source.trim_end().len())))
-        else {
-            return self.error(None, "", message);
-        };
-        let path = toml::de::DeTable::parse(self.source)
-            .map(|document| find_path(document.get_ref(), span.start))
-            .unwrap_or_default();
-        self.error(Some(span), path, message)
+        match toml_error_location(self.source, &error) {
+            Some((span, path)) => self.error(Some(span), path, message),
+            None => self.error(None, "", message),
+        }
     }
 
     fn compile(&self) -> Result<Config> {
@@ -757,6 +750,24 @@ impl Compiler<'_> {
         }
         Ok(out)
     }
+}
+
+/// Where a TOML decoding error of `source` is: its byte span and the
+/// dotted path of the deepest key or array element there (`volumes[1].size`),
+/// or `None` when the error spans the whole document (a missing top-level
+/// table has no line). Shared by every TOML file Brick reads, so their
+/// errors name line and field alike.
+pub fn toml_error_location(
+    source: &str,
+    error: &toml::de::Error,
+) -> Option<(Range<usize>, String)> {
+    let span = error
+        .span()
+        .filter(|s| !(s.start == 0 && (s.end == 0 || s.end >= source.trim_end().len())))?;
+    let path = toml::de::DeTable::parse(source)
+        .map(|document| find_path(document.get_ref(), span.start))
+        .unwrap_or_default();
+    Some((span, path))
 }
 
 /// The path of the deepest key, value or array element whose span holds

@@ -180,7 +180,7 @@ pub mod config;
 
 pub use binary::{Manifest, MemoryError, ReadError};
 #[cfg(feature = "std")]
-pub use compile::{build, compile, compile_file, CompileError};
+pub use compile::{build, compile, compile_file, toml_error_location, CompileError};
 #[cfg(feature = "std")]
 pub use config::Config;
 pub use types::{AccessMode, Ipv4Cidr, Limits, MacAddress, PciAddress, VolumeKind};
