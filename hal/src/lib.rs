@@ -22,7 +22,7 @@
 //! # Unsafe
 //!
 //! The crate root denies `unsafe_code`. Unsafe lives in: `hosted::sys`
-//! (ppoll(2), sendmsg(2), fallocate(2) and the block-device ioctls
+//! and `hosted::signals` (ppoll(2), sendmsg(2), fallocate(2), sigaction(2) and the block-device ioctls
 //! `BLKSSZGET`, `BLKPBSZGET`, `BLKDISCARD`, `BLKZEROOUT` through libc);
 //! [`dma`] (volatile access to device-shared memory); `virtio::transport`
 //! (virtio PCI MMIO); `virtio::net` (lending a returned RX buffer to the

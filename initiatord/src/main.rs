@@ -30,41 +30,7 @@ use initiatord::reconcile::{converged, Options};
 use initiatord::status::Status;
 use initiatord::sysfs::HostSysfs;
 
-#[allow(unsafe_code)]
-mod signals {
-    //! SIGHUP sets `RELOAD`; SIGINT and SIGTERM set `STOP`. The handlers
-    //! only store to atomics (async-signal-safe).
-    use std::sync::atomic::{AtomicBool, Ordering};
-
-    /// Stop requested.
-    pub static STOP: AtomicBool = AtomicBool::new(false);
-    /// Config reload requested.
-    pub static RELOAD: AtomicBool = AtomicBool::new(false);
-
-    extern "C" fn on_signal(signal: libc::c_int) {
-        if signal == libc::SIGHUP {
-            RELOAD.store(true, Ordering::SeqCst);
-        } else {
-            STOP.store(true, Ordering::SeqCst);
-        }
-    }
-
-    /// Installs the handlers.
-    pub fn install() -> std::io::Result<()> {
-        for signal in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
-            // SAFETY: an all-zero sigaction is a valid value (empty mask, no flags).
-            let mut action: libc::sigaction = unsafe { std::mem::zeroed() };
-            action.sa_sigaction = on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
-            // SAFETY: `action` is initialised; the handler only stores to atomics
-            // (async-signal-safe); a null old-action pointer is allowed.
-            let rc = unsafe { libc::sigaction(signal, &raw const action, std::ptr::null_mut()) };
-            if rc != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-        }
-        Ok(())
-    }
-}
+use hal::hosted::signals;
 
 /// Command line.
 #[derive(Parser, Debug)]

@@ -7,13 +7,16 @@
 //! command-line form of either. All sockets are non-blocking; the loop
 //! idles in [`wait::PollIdle`] on their file descriptors. Volumes on files or
 //! block devices are [`file::FileDevice`]s, whose worker pool wakes the loop
-//! through a descriptor of its own.
+//! through a descriptor of its own. [`signals`] turns SIGINT/SIGTERM,
+//! SIGUSR1 and SIGHUP into flags the daemons' loops read.
 
 pub mod clock;
 pub mod file;
 pub mod frame_link;
 pub mod link_spec;
 pub mod rng;
+#[allow(unsafe_code)]
+pub mod signals;
 #[allow(unsafe_code)]
 mod sys;
 pub mod udp;

@@ -16,8 +16,7 @@
 //! serves and every refusal to stderr, one line each; prints statistics on
 //! SIGUSR1 and on exit; SIGINT/SIGTERM close every path and stop.
 //!
-//! Unsafe: only the `signals` module (installing the handlers with
-//! `sigaction`).
+//! No unsafe here: signals are `hal::hosted::signals`.
 
 #![deny(unsafe_code)]
 
@@ -30,7 +29,7 @@ use std::time::Duration;
 use clap::Parser;
 use std::net::{IpAddr, SocketAddr, SocketAddrV4};
 
-use hal::hosted::{wait_ready, FrameLink, Link, LinkSpec, MonotonicClock, OsRng, UdpNic};
+use hal::hosted::{signals, wait_ready, FrameLink, Link, LinkSpec, MonotonicClock, OsRng, UdpNic};
 use hal::{Clock, DatagramNic, Nic, NicError, Rng};
 use manifest::binary::Manifest;
 use roce::hca::LinkMode;
@@ -65,57 +64,6 @@ struct OsKeys(OsRng);
 impl KeySource for OsKeys {
     fn next_u32(&mut self) -> u32 {
         self.0.next_u32()
-    }
-}
-
-#[allow(unsafe_code)]
-mod signals {
-    //! SIGINT/SIGTERM set `STOP`, SIGUSR1 sets `STATS`. Installed without
-    //! SA_RESTART so a blocking `ppoll` returns at once.
-    use std::sync::atomic::{AtomicBool, Ordering};
-
-    /// Stop requested.
-    pub static STOP: AtomicBool = AtomicBool::new(false);
-    /// Statistics requested.
-    pub static STATS: AtomicBool = AtomicBool::new(false);
-
-    extern "C" fn on_signal(signal: libc::c_int) {
-        if signal == libc::SIGUSR1 {
-            STATS.store(true, Ordering::SeqCst);
-        } else {
-            STOP.store(true, Ordering::SeqCst);
-        }
-    }
-
-    /// Installs the handlers.
-    pub fn install() -> std::io::Result<()> {
-        for signal in [libc::SIGINT, libc::SIGTERM, libc::SIGUSR1] {
-            // SAFETY: an all-zero sigaction is a valid value (empty mask, no flags).
-            let mut action: libc::sigaction = unsafe { std::mem::zeroed() };
-            action.sa_sigaction = on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
-            // SAFETY: `action` is initialised; the handler only stores to atomics
-            // (async-signal-safe); a null old-action pointer is allowed.
-            let rc = unsafe { libc::sigaction(signal, &raw const action, std::ptr::null_mut()) };
-            if rc != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-        }
-        Ok(())
-    }
-
-    /// Blocks the three signals on the calling thread, so they are delivered
-    /// to the engine thread (whose `ppoll` they interrupt).
-    pub fn block_here() {
-        // SAFETY: an all-zero sigset_t is a valid (empty) set, filled by sigemptyset next.
-        let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
-        // SAFETY: `set` is a valid, exclusively borrowed sigset_t.
-        unsafe { libc::sigemptyset(&raw mut set) };
-        for signal in [libc::SIGINT, libc::SIGTERM, libc::SIGUSR1] {
-            // SAFETY: as above; `signal` is a valid signal number.
-            unsafe { libc::sigaddset(&raw mut set, signal) };
-        }
-        // SAFETY: `set` is initialised; a null old-set pointer is allowed.
-        unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &raw const set, std::ptr::null_mut()) };
     }
 }
 
