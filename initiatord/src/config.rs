@@ -50,33 +50,9 @@ pub const MAX_DEVICE_PATH_LEN: usize = 254;
 /// Longest volume name; it becomes a file name under `/dev/brick`.
 pub const MAX_NAME_LEN: usize = 64;
 
-/// A config the daemon refuses, located by file, line and field path.
-#[derive(Clone, PartialEq, Eq, Debug)]
-pub struct ConfigError {
-    /// The file name given to the parser.
-    pub file: String,
-    /// 1-based line, if the problem has a place in the text.
-    pub line: Option<usize>,
-    /// The field path (`volumes[1].paths[0]`), empty for the whole document.
-    pub path: String,
-    /// What is wrong, one line: what was expected and what was found.
-    pub message: String,
-}
-
-impl fmt::Display for ConfigError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}:", self.file)?;
-        if let Some(line) = self.line {
-            write!(f, "{line}:")?;
-        }
-        if !self.path.is_empty() {
-            write!(f, " {}:", self.path)?;
-        }
-        write!(f, " {}", self.message)
-    }
-}
-
-impl std::error::Error for ConfigError {}
+/// A refused config: file, line, column, field path and message, exactly
+/// as the boot manifest's compiler reports them (one type for both).
+pub use manifest::CompileError as ConfigError;
 
 /// How a volume is opened on the target (`access_mode=`).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -261,12 +237,8 @@ impl Config {
 /// The file cannot be read, or as [`parse`].
 pub fn load(path: &Path) -> Result<Config, ConfigError> {
     let file = path.display().to_string();
-    let source = std::fs::read_to_string(path).map_err(|e| ConfigError {
-        file: file.clone(),
-        line: None,
-        path: String::new(),
-        message: format!("cannot read: {e}"),
-    })?;
+    let source = std::fs::read_to_string(path)
+        .map_err(|e| ConfigError::at(&file, "", None, "", format!("cannot read: {e}")))?;
     parse(&source, &file)
 }
 
@@ -401,14 +373,7 @@ impl Parser<'_> {
         path: impl Into<String>,
         message: impl Into<String>,
     ) -> ConfigError {
-        // One line, always: a key or a value may hold a newline.
-        let one_line = |text: String| text.replace('\r', "\\r").replace('\n', "\\n");
-        ConfigError {
-            file: self.file.to_owned(),
-            line: span.map(|s| self.line(s.start)),
-            path: one_line(path.into()),
-            message: one_line(message.into()),
-        }
+        ConfigError::at(self.file, self.source, span, path, message)
     }
 
     fn at<T>(

@@ -54,6 +54,39 @@ impl fmt::Display for CompileError {
 
 impl std::error::Error for CompileError {}
 
+impl CompileError {
+    /// The error for `span` of `source` (file `file`): line and column
+    /// from the span, `path` and `message` kept on one line (a key or a
+    /// value may hold a newline). Every TOML file Brick reads reports its
+    /// errors through this, the manifest and the daemon's config alike.
+    pub fn at(
+        file: &str,
+        source: &str,
+        span: Option<Range<usize>>,
+        path: impl Into<String>,
+        message: impl Into<String>,
+    ) -> CompileError {
+        let (line, column) = match span {
+            Some(span) => {
+                let offset = span.start.min(source.len());
+                let before = source.get(..offset).unwrap_or("");
+                let line = before.matches('\n').count() + 1;
+                let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+                (Some(line), Some(column))
+            }
+            None => (None, None),
+        };
+        let one_line = |text: String| text.replace('\r', "\\r").replace('\n', "\\n");
+        CompileError {
+            file: file.to_owned(),
+            line,
+            column,
+            path: one_line(path.into()),
+            message: one_line(message.into()),
+        }
+    }
+}
+
 /// Compiles manifest text into a validated [`Config`]. `file` names the
 /// source in error messages.
 ///
@@ -216,36 +249,13 @@ fn parse_uuid(text: &str) -> Option<[u8; 16]> {
 }
 
 impl Compiler<'_> {
-    fn line_column(&self, offset: usize) -> (usize, usize) {
-        let offset = offset.min(self.source.len());
-        let before = self.source.get(..offset).unwrap_or("");
-        let line = before.matches('\n').count() + 1;
-        let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
-        (line, column)
-    }
-
     fn error(
         &self,
         span: Option<Range<usize>>,
         path: impl Into<String>,
         message: impl Into<String>,
     ) -> CompileError {
-        let (line, column) = match span {
-            Some(span) => {
-                let (line, column) = self.line_column(span.start);
-                (Some(line), Some(column))
-            }
-            None => (None, None),
-        };
-        // One line, always: a key or a value may hold a newline.
-        let one_line = |text: String| text.replace('\r', "\\r").replace('\n', "\\n");
-        CompileError {
-            file: self.file.to_owned(),
-            line,
-            column,
-            path: one_line(path.into()),
-            message: one_line(message.into()),
-        }
+        CompileError::at(self.file, self.source, span, path, message)
     }
 
     fn at<T>(
