@@ -1062,8 +1062,12 @@ impl<'m, K: KeySource, D: BlockDevice<Chunk>> Engine<'m, K, D> {
             }
             Action::Refuse(error) => {
                 let errno = rnbd::server::status_for(&error);
-                let name = self.sessions[index].name.clone();
-                log!(self, "refuse: session {name:?}: {error} (errno {errno})");
+                // Disjoint fields: no copy of the name on the IO path.
+                log!(
+                    self,
+                    "refuse: session {:?}: {error} (errno {errno})",
+                    self.sessions[index].name
+                );
                 self.answer(token, errno, now);
             }
             Action::Submit { request, ticket } => {
