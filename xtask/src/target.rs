@@ -430,12 +430,39 @@ pub fn build_initiatord() -> Result<PathBuf> {
     )?;
     let binary =
         crate::paths::repo().join(format!("target/static/{triple}/release/brick-initiatord"));
-    let described =
-        crate::util::output(Command::new("file").arg("-L").arg(&binary)).unwrap_or_default();
-    if described.contains("dynamically linked") {
-        bail!("{} is not statically linked: {described}", binary.display());
+    if elf_interpreter(&binary)? {
+        bail!(
+            "{} is not statically linked: it names a program interpreter (PT_INTERP)",
+            binary.display()
+        );
     }
     Ok(binary)
+}
+
+/// Whether the ELF64 executable at `path` names a program interpreter
+/// (a PT_INTERP program header): a dynamically linked binary does, a
+/// static one (static-pie included) does not. Read from the file itself,
+/// so no `file` tool is needed.
+fn elf_interpreter(path: &std::path::Path) -> Result<bool> {
+    const PT_INTERP: u32 = 3;
+    let bytes = std::fs::read(path).with_context(|| format!("read {}", path.display()))?;
+    let field = |at: usize, len: usize| bytes.get(at..at + len);
+    if field(0, 4) != Some(b"\x7fELF".as_slice()) || bytes.get(4) != Some(&2) {
+        bail!("{} is not an ELF64 file", path.display());
+    }
+    let number = |at: usize, len: usize| -> Result<u64> {
+        let raw =
+            field(at, len).with_context(|| format!("{}: truncated ELF header", path.display()))?;
+        Ok(raw.iter().rev().fold(0u64, |n, &b| n << 8 | u64::from(b)))
+    };
+    let (phoff, phentsize, phnum) = (number(0x20, 8)?, number(0x36, 2)?, number(0x38, 2)?);
+    for index in 0..phnum {
+        let at = usize::try_from(phoff + index * phentsize)?;
+        if number(at, 4)? == u64::from(PT_INTERP) {
+            return Ok(true);
+        }
+    }
+    Ok(false)
 }
 
 /// Builds `brick-target` (release) and returns its path.
@@ -1031,6 +1058,33 @@ impl Bed {
 
 #[cfg(test)]
 mod tests {
+
+    /// A dynamically linked executable (this test binary) names an
+    /// interpreter; an ELF64 header with no program headers names none;
+    /// a text file is refused.
+    #[test]
+    fn elf_interpreter_tells_static_from_dynamic() {
+        let own = std::env::current_exe().unwrap();
+        assert!(
+            elf_interpreter(&own).unwrap(),
+            "{} is dynamic",
+            own.display()
+        );
+        let dir = crate::paths::scratch("elf-test");
+        let mut header = vec![0u8; 64];
+        header[..4].copy_from_slice(b"\x7fELF");
+        header[4] = 2; // ELF64
+        header[0x20] = 64; // e_phoff
+        header[0x36] = 56; // e_phentsize, e_phnum = 0
+        let bare = dir.join("bare");
+        std::fs::write(&bare, &header).unwrap();
+        assert!(!elf_interpreter(&bare).unwrap());
+        let text = dir.join("text");
+        std::fs::write(&text, "not an executable").unwrap();
+        assert!(elf_interpreter(&text).is_err());
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
     use super::*;
     use manifest::binary::Manifest;
     use manifest::AccessMode;
