@@ -185,6 +185,18 @@ pub struct Volume {
     pub line: usize,
 }
 
+impl Volume {
+    /// Whether `other` asks for the same mapping (every setting but the
+    /// config line): a reload that changes none of these leaves the volume
+    /// alone.
+    pub fn same_settings(&self, other: &Volume) -> bool {
+        Volume {
+            line: other.line,
+            ..self.clone()
+        } == *other
+    }
+}
+
 /// Daemon timing knobs (`[daemon]`).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct DaemonSettings {

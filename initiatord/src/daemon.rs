@@ -62,12 +62,7 @@ impl Daemon {
             match self.config.volume(&volume.name) {
                 None => summary.added.push(volume.name.clone()),
                 Some(old) => {
-                    let same = old.session == volume.session
-                        && old.device_path == volume.device_path
-                        && old.access_mode == volume.access_mode
-                        && old.port == volume.port
-                        && old.paths == volume.paths;
-                    if !same {
+                    if !old.same_settings(volume) {
                         summary.changed.push(volume.name.clone());
                     }
                 }
