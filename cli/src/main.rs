@@ -5,6 +5,7 @@
 //! brick bench --target ADDR[:PORT]... --link SPEC --session S --volume V --rw W --bs N --qd N --runtime SECS [--json]
 //! brick manifest check FILE.toml
 //! brick manifest build FILE.toml -o FILE.bin
+//! brick status [--json] | list [--json] | map NAME --session S --device-path P --path A... | unmap NAME [--force]
 //! ```
 //!
 //! `io` and `bench` are clients of [`initiator::hosted`]: one RTRS session
@@ -12,7 +13,8 @@
 //! a position-dependent pattern ([`pattern`]) with the blocking API; `bench`
 //! keeps a queue depth of IOs in flight with the submit/reap API and reports
 //! IOPS, MB/s and latency percentiles ([`histogram`]). `manifest` compiles
-//! and checks boot manifests ([`manifest_cmd`]).
+//! and checks boot manifests ([`manifest_cmd`]). `status`, `list`, `map` and
+//! `unmap` are requests to the running `brick-initiatord` ([`daemon_cmd`]).
 //!
 //! Exit status: 0 success, 1 failure (the message on stderr says which
 //! step, what was expected and what was found), 2 bad usage, 3 data that is
@@ -25,6 +27,7 @@
 
 mod bench;
 mod connect;
+mod daemon_cmd;
 mod histogram;
 mod io;
 mod manifest_cmd;
@@ -69,6 +72,17 @@ enum Command {
     /// Check or build a boot manifest.
     #[command(subcommand)]
     Manifest(manifest_cmd::ManifestCommand),
+    /// Show the volumes brick-initiatord keeps mapped, with their paths.
+    Status(daemon_cmd::StatusArgs),
+    /// List the volumes brick-initiatord keeps mapped and where each comes
+    /// from (config file or `brick map`).
+    List(daemon_cmd::ListArgs),
+    /// Ask brick-initiatord to map a volume now and keep it mapped.
+    #[command(after_help = "Example:\n  \
+        brick map db --session host1 --device-path vol0 --path 10.0.0.1 --path 10.0.1.1")]
+    Map(daemon_cmd::MapArgs),
+    /// Ask brick-initiatord to unmap a volume added with `brick map`.
+    Unmap(daemon_cmd::UnmapArgs),
 }
 
 /// Exit status of a data mismatch.
@@ -80,6 +94,10 @@ fn main() -> ExitCode {
         Command::Io(args) => io::run(args),
         Command::Bench(args) => bench::run(args),
         Command::Manifest(command) => manifest_cmd::run(command),
+        Command::Status(args) => daemon_cmd::status(args),
+        Command::List(args) => daemon_cmd::list(args),
+        Command::Map(args) => daemon_cmd::map(args),
+        Command::Unmap(args) => daemon_cmd::unmap(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
