@@ -1,27 +1,72 @@
-//! The daemon's state between passes: the config in force and its reload.
+//! The daemon's state between passes: the config in force, its reload,
+//! and the volumes mapped at run time.
 //!
-//! A reload replaces the config only if the new file is valid as a whole;
-//! otherwise the old config stays in force (never a half-applied state) and
-//! the error, naming the line, is returned for the log.
+//! The config in force is the config file's volumes plus the volumes added
+//! with `brick map` (run-time volumes). Run-time volumes are kept in a state
+//! file ([`DEFAULT_STATE`], one `[[volumes]]` entry each, as the config file
+//! writes them) so a restarted daemon keeps them; it lives under `/run`, as
+//! the kernel's mappings do not outlive a reboot either. A volume meant to
+//! survive reboots belongs in the config file.
+//!
+//! A reload or a request replaces the config in force only if the result is
+//! valid as a whole; otherwise the old config stays in force (never a
+//! half-applied state) and the error, naming the line, is returned. A
+//! config-file volume wins over a run-time volume of the same name (the
+//! run-time one is dropped, and logged).
+//!
+//! Requests on the control socket ([`Daemon::answer`]), one line each:
+//!
+//! | request | reply |
+//! |---|---|
+//! | `status` / `status text` | the last pass's [`Status`], JSON / table |
+//! | `list` / `list text` | volumes with origin, device and state |
+//! | `map <TOML>` | maps one `[[volumes]]` entry (a JSON string) now |
+//! | `unmap <NAME> [force]` | unmaps a run-time volume now |
+//!
+//! Replies are one line of JSON (`{"error": ...}` on failure) except the
+//! `text` forms.
 
 use std::io;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use crate::config::{self, Config, ConfigError};
-use crate::reconcile::{reconcile, Memory, Options, Pass};
+use serde::Serialize;
+
+use crate::config::{self, Config, ConfigError, Volume};
+use crate::observe::observe;
+use crate::reconcile::{apply, reconcile, Action, Memory, Options, Pass};
+use crate::status::{Status, ORIGIN_CONFIG, ORIGIN_RUNTIME};
 use crate::sysfs::Sysfs;
+
+/// Where run-time volumes are kept unless `--state` says otherwise.
+pub const DEFAULT_STATE: &str = "/run/brick/initiatord-volumes.toml";
 
 /// The running daemon, minus its signals and sleep.
 #[derive(Debug)]
 pub struct Daemon {
     config_path: PathBuf,
-    /// The config in force.
+    /// The config file as last loaded.
+    file: Config,
+    /// Volumes added with `brick map`, each with its `[[volumes]]` TOML.
+    runtime: Vec<RuntimeVolume>,
+    /// Where `runtime` is kept; `None`: not kept (tests, `--once`).
+    state_path: Option<PathBuf>,
+    /// The config in force: the file's volumes, then the run-time ones.
     pub config: Config,
     /// Failure times, path-down clocks, logged notices.
     pub memory: Memory,
     /// Command-line policy.
     pub options: Options,
+    /// The last pass's report (origins filled in).
+    pub status: Status,
+}
+
+/// A volume added at run time.
+#[derive(Clone, PartialEq, Eq, Debug)]
+struct RuntimeVolume {
+    volume: Volume,
+    /// Its `[[volumes]]` entry, as kept in the state file.
+    toml: String,
 }
 
 /// What a reload changed, for the log.
@@ -33,31 +78,112 @@ pub struct ReloadSummary {
     pub removed: Vec<String>,
     /// Volumes whose settings changed.
     pub changed: Vec<String>,
+    /// Run-time volumes dropped because the config file now names them.
+    pub superseded: Vec<String>,
+}
+
+/// One entry of the `list` reply.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize)]
+pub struct ListEntry {
+    /// The stable name.
+    pub name: String,
+    /// `config` or `runtime`.
+    pub origin: String,
+    /// Session name.
+    pub session: String,
+    /// Device path on the target.
+    pub device_path: String,
+    /// How it is opened.
+    pub access_mode: String,
+    /// `rnbdN`, if mapped.
+    pub device: Option<String>,
+    /// As in `status`.
+    pub state: String,
 }
 
 impl Daemon {
-    /// Loads the config at `config_path`.
+    /// Loads the config at `config_path` (no run-time volumes yet; see
+    /// [`Daemon::with_state`]).
     ///
     /// # Errors
     ///
     /// The config cannot be read or is invalid.
     pub fn load(config_path: &Path, options: Options) -> Result<Self, ConfigError> {
+        let file = config::load(config_path)?;
         Ok(Self {
-            config: config::load(config_path)?,
+            config: file.clone(),
+            status: Status::new(&file, &Default::default(), &[]),
+            file,
+            runtime: Vec::new(),
+            state_path: None,
             config_path: config_path.to_owned(),
             memory: Memory::default(),
             options,
         })
     }
 
+    /// Keeps run-time volumes in `path`, loading those already there (a
+    /// missing file is an empty one). Returns the names dropped because the
+    /// config file names them now.
+    ///
+    /// # Errors
+    ///
+    /// The state file cannot be read, is invalid, or conflicts with the
+    /// config file (a session with other paths): the daemon must not start
+    /// and unmap what the file stands for.
+    pub fn with_state(&mut self, path: &Path) -> Result<Vec<String>, ConfigError> {
+        let text = match std::fs::read_to_string(path) {
+            Ok(text) => text,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => String::new(),
+            Err(e) => {
+                return Err(ConfigError::at(
+                    &path.display().to_string(),
+                    "",
+                    None,
+                    "",
+                    format!("cannot read: {e}"),
+                ))
+            }
+        };
+        let runtime = parse_state(&text, &path.display().to_string())?;
+        let (config, superseded) = merge(&self.file, &runtime).map_err(|message| {
+            ConfigError::at(&path.display().to_string(), "", None, "", message)
+        })?;
+        self.runtime = runtime
+            .into_iter()
+            .filter(|r| !superseded.contains(&r.volume.name))
+            .collect();
+        self.config = config;
+        self.state_path = Some(path.to_owned());
+        if !superseded.is_empty() {
+            self.save_state().map_err(|e| {
+                ConfigError::at(&path.display().to_string(), "", None, "", e.to_string())
+            })?;
+        }
+        Ok(superseded)
+    }
+
     /// Re-reads the config file; on error the old config stays in force.
     ///
     /// # Errors
     ///
-    /// The new file cannot be read or is invalid.
+    /// The new file cannot be read or is invalid, or conflicts with a
+    /// run-time volume.
     pub fn reload(&mut self) -> Result<ReloadSummary, ConfigError> {
-        let new = config::load(&self.config_path)?;
-        let mut summary = ReloadSummary::default();
+        let file = config::load(&self.config_path)?;
+        let (new, superseded) = merge(&file, &self.runtime).map_err(|message| {
+            ConfigError::at(
+                &self.config_path.display().to_string(),
+                "",
+                None,
+                "",
+                message,
+            )
+        })?;
+        let mut summary = ReloadSummary {
+            superseded,
+            ..ReloadSummary::default()
+        };
         for volume in &new.volumes {
             match self.config.volume(&volume.name) {
                 None => summary.added.push(volume.name.clone()),
@@ -73,7 +199,15 @@ impl Daemon {
                 summary.removed.push(volume.name.clone());
             }
         }
+        self.file = file;
         self.config = new;
+        if !summary.superseded.is_empty() {
+            self.runtime
+                .retain(|r| !summary.superseded.contains(&r.volume.name));
+            // The config in force no longer needs them; a failed save only
+            // means a restarted daemon drops them again.
+            let _ = self.save_state();
+        }
         Ok(summary)
     }
 
@@ -99,14 +233,554 @@ impl Daemon {
         for notice in self.memory.new_notices(&pass.notices) {
             log(&notice);
         }
+        self.status = Status::new(&self.config, &pass.observed, &pass.notices);
+        for volume in &mut self.status.volumes {
+            if self.runtime.iter().any(|r| r.volume.name == volume.name) {
+                volume.origin = ORIGIN_RUNTIME.to_owned();
+            }
+        }
         Ok(pass)
     }
+
+    /// The reply to one control-socket request (see the module docs).
+    /// `map` and `unmap` act at once, through `sysfs`, and log like a pass.
+    pub fn answer(
+        &mut self,
+        request: &str,
+        sysfs: &mut dyn Sysfs,
+        now: Instant,
+        log: &mut dyn FnMut(&str),
+    ) -> String {
+        let (verb, rest) = request.split_once(' ').unwrap_or((request, ""));
+        let result = match (verb, rest.trim()) {
+            ("status", "") => Ok(self.status.to_json()),
+            ("status", "text") => Ok(self.status.to_string().trim_end().to_owned()),
+            ("list", "") => Ok(json(&self.list())),
+            ("list", "text") => Ok(list_text(&self.list())),
+            ("map", argument) if !argument.is_empty() => {
+                match serde_json::from_str::<String>(argument) {
+                    Ok(toml) => self.map(&toml, sysfs, now, log),
+                    Err(e) => Err(format!(
+                        "map: expected a JSON string holding one [[volumes]] entry, found {argument:?} ({e})"
+                    )),
+                }
+            }
+            ("unmap", argument) if !argument.is_empty() => {
+                let words: Vec<&str> = argument.split_whitespace().collect();
+                match words.as_slice() {
+                    [name] => self.unmap(name, false, sysfs, now, log),
+                    [name, "force"] => self.unmap(name, true, sysfs, now, log),
+                    _ => Err(format!(
+                        "unmap: expected \"unmap NAME [force]\", found {request:?}"
+                    )),
+                }
+            }
+            _ => Err(format!(
+                "unknown request {request:?}; expected status [text], list [text], \
+                 map <json string>, unmap NAME [force]"
+            )),
+        };
+        result.unwrap_or_else(|message| json(&ErrorReply { error: message }))
+    }
+
+    /// Every volume in force, with its origin and last observed state.
+    pub fn list(&self) -> Vec<ListEntry> {
+        self.config
+            .volumes
+            .iter()
+            .map(|volume| {
+                let seen = self.status.volumes.iter().find(|v| v.name == volume.name);
+                ListEntry {
+                    name: volume.name.clone(),
+                    origin: if self.is_runtime(&volume.name) {
+                        ORIGIN_RUNTIME
+                    } else {
+                        ORIGIN_CONFIG
+                    }
+                    .to_owned(),
+                    session: volume.session.clone(),
+                    device_path: volume.device_path.clone(),
+                    access_mode: volume.access_mode.to_string(),
+                    device: seen.and_then(|v| v.device.clone()),
+                    state: seen.map_or_else(|| "not mapped".to_owned(), |v| v.state.clone()),
+                }
+            })
+            .collect()
+    }
+
+    fn is_runtime(&self, name: &str) -> bool {
+        self.runtime.iter().any(|r| r.volume.name == name)
+    }
+
+    /// `map`: adds one run-time volume and maps it now. A map the kernel
+    /// refuses is undone (the volume is not kept); a map that has to wait
+    /// (its session has no connected path) is kept and retried.
+    fn map(
+        &mut self,
+        toml: &str,
+        sysfs: &mut dyn Sysfs,
+        now: Instant,
+        log: &mut dyn FnMut(&str),
+    ) -> Result<String, String> {
+        let mut entries = parse_state(toml, "map request").map_err(|e| e.to_string())?;
+        let entry = match (entries.pop(), entries.is_empty()) {
+            (Some(entry), true) => entry,
+            (None, _) => return Err("map: the request holds no [[volumes]] entry".into()),
+            (Some(_), false) => {
+                return Err("map: expected one [[volumes]] entry, found several".into())
+            }
+        };
+        let name = entry.volume.name.clone();
+        if let Some(existing) = self.config.volume(&name) {
+            return Err(if self.is_runtime(&name) {
+                format!("volume {name:?} is already mapped at run time")
+            } else {
+                format!(
+                    "volume {name:?} is in the config file {} (line {})",
+                    self.config_path.display(),
+                    existing.line
+                )
+            });
+        }
+        let mut runtime = self.runtime.clone();
+        runtime.push(entry);
+        let (config, _) = merge(&self.file, &runtime)?;
+        let previous = (
+            std::mem::replace(&mut self.runtime, runtime),
+            std::mem::replace(&mut self.config, config),
+        );
+        if let Err(e) = self.save_state() {
+            (self.runtime, self.config) = previous;
+            return Err(format!("map {name}: cannot keep the volume: {e}"));
+        }
+        log(&format!("map request: volume {name:?} added at run time"));
+        let pass = self
+            .tick(sysfs, now, log)
+            .map_err(|e| format!("map {name}: cannot read sysfs: {e}"))?;
+        let refused = pass
+            .applied
+            .iter()
+            .find_map(|(step, result)| match (&step.action, result) {
+                (Action::Map { volume, .. }, Err(e)) if *volume == name => Some(e.to_string()),
+                _ => None,
+            });
+        if let Some(error) = refused {
+            self.runtime.retain(|r| r.volume.name != name);
+            let (config, _) = merge(&self.file, &self.runtime)?;
+            self.config = config;
+            let _ = self.save_state();
+            log(&format!(
+                "map request: volume {name:?} dropped: the kernel refused the map: {error}"
+            ));
+            return Err(format!("map {name}: the kernel refused: {error}"));
+        }
+        let entry = self.list().into_iter().find(|e| e.name == name);
+        Ok(json(&entry))
+    }
+
+    /// `unmap`: unmaps a run-time volume now and forgets it. An open or
+    /// mounted device is kept unless `force`.
+    fn unmap(
+        &mut self,
+        name: &str,
+        force: bool,
+        sysfs: &mut dyn Sysfs,
+        now: Instant,
+        log: &mut dyn FnMut(&str),
+    ) -> Result<String, String> {
+        let Some(volume) = self.config.volume(name).cloned() else {
+            return Err(format!("no volume {name:?}"));
+        };
+        if !self.is_runtime(name) {
+            return Err(format!(
+                "volume {name:?} is in the config file {} (line {}): remove it there and reload (SIGHUP)",
+                self.config_path.display(),
+                volume.line
+            ));
+        }
+        let observed =
+            observe(sysfs).map_err(|e| format!("unmap {name}: cannot read sysfs: {e}"))?;
+        let device = observed
+            .device_for(&volume.session, &volume.device_path)
+            .cloned();
+        if let Some(device) = &device {
+            if let (Some(use_), false) = (device.in_use(), force) {
+                return Err(format!(
+                    "{} ({name}) is {use_}; unmount it or use --force",
+                    device.name
+                ));
+            }
+            let action = Action::Unmap {
+                device: device.name.clone(),
+                force,
+            };
+            log(&format!("{action}: unmap request for volume {name:?}"));
+            apply(sysfs, &action).map_err(|e| format!("{action} failed: {e}"))?;
+        }
+        if observed.links.contains_key(name) {
+            let action = Action::Unlink {
+                name: name.to_owned(),
+            };
+            log(&format!("{action}: unmap request for volume {name:?}"));
+            if let Err(e) = apply(sysfs, &action) {
+                // The device is gone; the next pass removes a stale link.
+                log(&format!("{action} failed: {e}"));
+            }
+        }
+        self.runtime.retain(|r| r.volume.name != name);
+        let (config, _) = merge(&self.file, &self.runtime)?;
+        self.config = config;
+        let kept = self.save_state();
+        let _ = self.tick(sysfs, now, log);
+        kept.map_err(|e| {
+            format!("unmapped {name}, but the state file was not updated ({e}): a restarted daemon would map it again")
+        })?;
+        Ok(json(&UnmapReply {
+            unmapped: name.to_owned(),
+            device: device.map(|d| d.name),
+        }))
+    }
+
+    /// Writes the run-time volumes to the state file (atomically).
+    fn save_state(&self) -> io::Result<()> {
+        let Some(path) = &self.state_path else {
+            return Ok(());
+        };
+        let mut text = String::from(
+            "# Volumes mapped at run time with `brick map`; written by brick-initiatord.\n",
+        );
+        for entry in &self.runtime {
+            text.push('\n');
+            text.push_str(&entry.toml);
+        }
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        let temporary = path.with_extension("toml.new");
+        std::fs::write(&temporary, text)?;
+        std::fs::rename(&temporary, path)
+    }
+}
+
+#[derive(Serialize)]
+struct ErrorReply {
+    error: String,
+}
+
+#[derive(Serialize)]
+struct UnmapReply {
+    unmapped: String,
+    device: Option<String>,
+}
+
+fn json(value: &impl Serialize) -> String {
+    serde_json::to_string(value).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
+}
+
+/// The `list text` table.
+fn list_text(entries: &[ListEntry]) -> String {
+    let mut text = format!(
+        "{:<16} {:<8} {:<10} {:<11} {:<4} SESSION/DEVICE_PATH",
+        "NAME", "ORIGIN", "DEVICE", "STATE", "MODE"
+    );
+    for e in entries {
+        text.push_str(&format!(
+            "\n{:<16} {:<8} {:<10} {:<11} {:<4} {}/{}",
+            e.name,
+            e.origin,
+            e.device.as_deref().unwrap_or("-"),
+            e.state,
+            e.access_mode,
+            e.session,
+            e.device_path
+        ));
+    }
+    text
+}
+
+/// Parses `[[volumes]]` entries (a state file or a `map` request) with the
+/// config file's rules; each keeps its own TOML for the state file. A
+/// `[daemon]` table is refused: timings come from the config file.
+fn parse_state(text: &str, file: &str) -> Result<Vec<RuntimeVolume>, ConfigError> {
+    let config = config::parse(text, file)?;
+    let table: toml::Table = toml::from_str(text)
+        .map_err(|e| ConfigError::at(file, text, None, "", e.message().to_owned()))?;
+    if table.contains_key("daemon") {
+        return Err(ConfigError::at(
+            file,
+            text,
+            None,
+            "daemon",
+            "expected only [[volumes]] entries; [daemon] settings belong in the config file",
+        ));
+    }
+    let entries = match table.get("volumes") {
+        Some(toml::Value::Array(entries)) => entries.clone(),
+        _ => Vec::new(),
+    };
+    Ok(config
+        .volumes
+        .into_iter()
+        .zip(entries)
+        .map(|(volume, entry)| {
+            let mut one = toml::Table::new();
+            one.insert("volumes".into(), toml::Value::Array(vec![entry]));
+            RuntimeVolume {
+                volume,
+                toml: one.to_string(),
+            }
+        })
+        .collect())
+}
+
+/// The config in force: `file`'s volumes, then the run-time volumes whose
+/// names the file does not use (those are returned as superseded).
+///
+/// # Errors
+///
+/// A run-time volume conflicts with another volume: the same device in
+/// one session, or one session with other paths or port.
+fn merge(file: &Config, runtime: &[RuntimeVolume]) -> Result<(Config, Vec<String>), String> {
+    let mut config = file.clone();
+    let mut superseded = Vec::new();
+    for entry in runtime {
+        let volume = &entry.volume;
+        if file.volume(&volume.name).is_some() {
+            superseded.push(volume.name.clone());
+            continue;
+        }
+        for other in &config.volumes {
+            if other.session == volume.session && other.device_path == volume.device_path {
+                return Err(format!(
+                    "volume {:?}: {:?} is already mapped in session {:?} by volume {:?}",
+                    volume.name, volume.device_path, volume.session, other.name
+                ));
+            }
+            if other.session == volume.session
+                && (other.paths != volume.paths || other.port != volume.port)
+            {
+                return Err(format!(
+                    "volume {:?}: session {:?} already has other paths or port (volume {:?}); \
+                     volumes sharing a session must list the same paths and port",
+                    volume.name, volume.session, other.name
+                ));
+            }
+        }
+        config.volumes.push(volume.clone());
+    }
+    Ok((config, superseded))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::fake::FakeKernel;
+
+    /// A temporary directory with a config file holding `config`.
+    fn setup(tag: &str, config: &str) -> (PathBuf, PathBuf, PathBuf) {
+        let dir =
+            std::env::temp_dir().join(format!("brick-initiatord-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("initiator.toml");
+        std::fs::write(&path, config).unwrap();
+        let state = dir.join("run/volumes.toml");
+        (dir, path, state)
+    }
+
+    fn request(daemon: &mut Daemon, kernel: &mut FakeKernel, line: &str) -> String {
+        daemon.answer(line, kernel, Instant::now(), &mut |_| {})
+    }
+
+    fn map_request(toml: &str) -> String {
+        format!("map {}", serde_json::to_string(toml).unwrap())
+    }
+
+    const DB: &str =
+        "[[volumes]]\nname = \"db\"\nsession = \"s\"\ndevice_path = \"vol0\"\npaths = [\"10.0.0.1\"]\n";
+    const LOGS: &str = "[[volumes]]\nname = \"logs\"\nsession = \"s\"\ndevice_path = \"vol1\"\naccess_mode = \"ro\"\npaths = [\"10.0.0.1\"]\n";
+
+    #[test]
+    fn test_map_request_maps_now_and_survives_a_restart() {
+        let (dir, path, state) = setup("map", DB);
+        let mut kernel = FakeKernel::new();
+        kernel.export("vol0");
+        kernel.export("vol1");
+        let mut daemon = Daemon::load(&path, Options::default()).unwrap();
+        assert!(daemon.with_state(&state).unwrap().is_empty());
+        daemon
+            .tick(&mut kernel, Instant::now(), &mut |_| {})
+            .unwrap();
+
+        let reply = request(&mut daemon, &mut kernel, &map_request(LOGS));
+        assert_eq!(
+            reply,
+            "{\"name\":\"logs\",\"origin\":\"runtime\",\"session\":\"s\",\"device_path\":\"vol1\",\
+             \"access_mode\":\"ro\",\"device\":\"rnbd1\",\"state\":\"open\"}"
+        );
+        assert_eq!(kernel.link("logs"), Some("../rnbd1"));
+        assert!(std::fs::read_to_string(&state)
+            .unwrap()
+            .contains("name = \"logs\""));
+        let list = request(&mut daemon, &mut kernel, "list text");
+        assert!(
+            list.contains("\ndb               config   rnbd0      open        rw   s/vol0"),
+            "{list}"
+        );
+        assert!(
+            list.contains("\nlogs             runtime  rnbd1      open        ro   s/vol1"),
+            "{list}"
+        );
+        assert!(request(&mut daemon, &mut kernel, "status").contains(
+            "\"name\":\"logs\",\"session\":\"s\",\"device_path\":\"vol1\",\"origin\":\"runtime\""
+        ));
+
+        // A restarted daemon finds the run-time volume and changes nothing.
+        let mut again = Daemon::load(&path, Options::default()).unwrap();
+        again.with_state(&state).unwrap();
+        kernel.writes.clear();
+        let pass = again
+            .tick(&mut kernel, Instant::now(), &mut |_| {})
+            .unwrap();
+        assert!(
+            pass.applied.is_empty() && kernel.writes.is_empty(),
+            "{:?}",
+            kernel.writes
+        );
+        assert_eq!(again.config.volumes.len(), 2);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn test_bad_map_requests_change_nothing() {
+        let (dir, path, state) = setup("badmap", DB);
+        let mut kernel = FakeKernel::new();
+        kernel.export("vol0");
+        let mut daemon = Daemon::load(&path, Options::default()).unwrap();
+        daemon.with_state(&state).unwrap();
+        daemon
+            .tick(&mut kernel, Instant::now(), &mut |_| {})
+            .unwrap();
+        let cases: &[(&str, &str)] = &[
+            (DB, "volume \"db\" is in the config file"),
+            (
+                "[[volumes]]\nname = \"x\"\nsession = \"s\"\ndevice_path = \"vol0\"\npaths = [\"10.0.0.1\"]\n",
+                "\"vol0\" is already mapped in session \"s\" by volume \"db\"",
+            ),
+            (
+                "[[volumes]]\nname = \"x\"\nsession = \"s\"\ndevice_path = \"vol5\"\npaths = [\"10.0.0.2\"]\n",
+                "volumes sharing a session must list the same paths and port",
+            ),
+            (
+                "[[volumes]]\nname = \"x\"\nsession = \"s\"\ndevice_path = \"vol5\"\npaths = [\"10.0.0.1\"]\nsize = 1\n",
+                "map request:6",
+            ),
+            ("[daemon]\npoll_interval_ms = 100\n", "[daemon] settings belong in the config file"),
+            ("", "holds no [[volumes]] entry"),
+            (
+                "[[volumes]]\nname = \"x\"\nsession = \"t\"\ndevice_path = \"vol5\"\npaths = [\"10.0.0.1\"]\n\
+                 [[volumes]]\nname = \"y\"\nsession = \"t\"\ndevice_path = \"vol6\"\npaths = [\"10.0.0.1\"]\n",
+                "found several",
+            ),
+            // Not exported by the target: the kernel refuses, nothing is kept.
+            (
+                "[[volumes]]\nname = \"x\"\nsession = \"t\"\ndevice_path = \"vol5\"\npaths = [\"10.0.0.1\"]\n",
+                "the kernel refused",
+            ),
+        ];
+        for (toml, expected) in cases {
+            let reply = request(&mut daemon, &mut kernel, &map_request(toml));
+            assert!(
+                reply.starts_with("{\"error\":") && reply.contains(&expected.replace('"', "\\\"")),
+                "{toml}: {reply}"
+            );
+            assert_eq!(daemon.config.volumes.len(), 1, "{toml}");
+            assert!(
+                !std::fs::read_to_string(&state)
+                    .unwrap_or_default()
+                    .contains("name ="),
+                "{toml}"
+            );
+        }
+        for line in ["map", "map not-json", "unmap", "unmap a b c", "frobnicate"] {
+            let reply = request(&mut daemon, &mut kernel, line);
+            assert!(reply.starts_with("{\"error\":"), "{line}: {reply}");
+        }
+        assert_eq!(kernel.device_names(), ["rnbd0"]);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn test_unmap_request() {
+        let (dir, path, state) = setup("unmap", DB);
+        let mut kernel = FakeKernel::new();
+        kernel.export("vol0");
+        kernel.export("vol1");
+        let mut daemon = Daemon::load(&path, Options::default()).unwrap();
+        daemon.with_state(&state).unwrap();
+        daemon
+            .tick(&mut kernel, Instant::now(), &mut |_| {})
+            .unwrap();
+        request(&mut daemon, &mut kernel, &map_request(LOGS));
+        assert_eq!(kernel.device_names(), ["rnbd0", "rnbd1"]);
+
+        let reply = request(&mut daemon, &mut kernel, "unmap db");
+        assert!(
+            reply.contains("is in the config file") && reply.contains("(line 1)"),
+            "{reply}"
+        );
+        assert!(request(&mut daemon, &mut kernel, "unmap nope").contains("no volume \\\"nope\\\""));
+
+        kernel.mount("rnbd1", "/srv/logs");
+        let reply = request(&mut daemon, &mut kernel, "unmap logs");
+        assert!(
+            reply.contains("rnbd1 (logs) is mounted at /srv/logs; unmount it or use --force"),
+            "{reply}"
+        );
+        assert_eq!(kernel.device_names(), ["rnbd0", "rnbd1"]);
+
+        let reply = request(&mut daemon, &mut kernel, "unmap logs force");
+        assert_eq!(reply, "{\"unmapped\":\"logs\",\"device\":\"rnbd1\"}");
+        assert_eq!(kernel.device_names(), ["rnbd0"]);
+        assert_eq!(kernel.link("logs"), None);
+        assert!(!std::fs::read_to_string(&state).unwrap().contains("logs"));
+        // Gone for good: the next pass does not map it again.
+        daemon
+            .tick(&mut kernel, Instant::now(), &mut |_| {})
+            .unwrap();
+        assert_eq!(kernel.device_names(), ["rnbd0"]);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn test_config_file_supersedes_a_runtime_volume() {
+        let (dir, path, state) = setup("supersede", DB);
+        let mut kernel = FakeKernel::new();
+        kernel.export("vol0");
+        kernel.export("vol1");
+        let mut daemon = Daemon::load(&path, Options::default()).unwrap();
+        daemon.with_state(&state).unwrap();
+        request(&mut daemon, &mut kernel, &map_request(LOGS));
+        std::fs::write(&path, format!("{DB}\n{LOGS}")).unwrap();
+        let summary = daemon.reload().unwrap();
+        assert_eq!(summary.superseded, ["logs"]);
+        assert!(summary.added.is_empty() && summary.removed.is_empty());
+        kernel.writes.clear();
+        daemon
+            .tick(&mut kernel, Instant::now(), &mut |_| {})
+            .unwrap();
+        assert!(kernel.writes.is_empty(), "{:?}", kernel.writes);
+        assert!(request(&mut daemon, &mut kernel, "list")
+            .contains("\"name\":\"logs\",\"origin\":\"config\""));
+        assert!(!std::fs::read_to_string(&state).unwrap().contains("logs"));
+
+        // A state file that conflicts with the config file stops the start.
+        std::fs::write(&state, "[[volumes]]\nname = \"z\"\nsession = \"s\"\ndevice_path = \"vol9\"\npaths = [\"10.9.9.9\"]\n").unwrap();
+        let mut fresh = Daemon::load(&path, Options::default()).unwrap();
+        let e = fresh.with_state(&state).unwrap_err();
+        assert!(e.to_string().contains("must list the same paths"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn test_bad_reload_keeps_the_old_config() {

@@ -10,6 +10,11 @@ use serde::Serialize;
 use crate::config::Config;
 use crate::observe::{link_device, DeviceState, Observed};
 
+/// [`VolumeStatus::origin`] of a volume from the config file.
+pub const ORIGIN_CONFIG: &str = "config";
+/// [`VolumeStatus::origin`] of a volume added with `brick map`.
+pub const ORIGIN_RUNTIME: &str = "runtime";
+
 /// The daemon's report.
 #[derive(Clone, PartialEq, Eq, Debug, Serialize)]
 pub struct Status {
@@ -30,6 +35,9 @@ pub struct VolumeStatus {
     pub session: String,
     /// Device path on the target.
     pub device_path: String,
+    /// Where the volume comes from: `config` (the config file) or
+    /// `runtime` (`brick map`).
+    pub origin: String,
     /// `rnbdN`, if mapped.
     pub device: Option<String>,
     /// `open`, `closed`, `init`, `unmapped`, or `not mapped`.
@@ -88,6 +96,7 @@ impl Status {
                     name: volume.name.clone(),
                     session: volume.session.clone(),
                     device_path: volume.device_path.clone(),
+                    origin: ORIGIN_CONFIG.to_owned(),
                     device: device.map(|d| d.name.clone()),
                     state: state.to_owned(),
                     linked,
@@ -180,9 +189,9 @@ mod tests {
         assert_eq!(
             status.to_json(),
             "{\"converged\":false,\"volumes\":[\
-             {\"name\":\"db\",\"session\":\"s\",\"device_path\":\"vol0\",\"device\":\"rnbd0\",\
+             {\"name\":\"db\",\"session\":\"s\",\"device_path\":\"vol0\",\"origin\":\"config\",\"device\":\"rnbd0\",\
              \"state\":\"open\",\"linked\":true,\"paths\":[{\"path\":\"ip:10.0.0.2@ip:10.0.0.1\",\"connected\":true}]},\
-             {\"name\":\"gone\",\"session\":\"s\",\"device_path\":\"vol9\",\"device\":null,\
+             {\"name\":\"gone\",\"session\":\"s\",\"device_path\":\"vol9\",\"origin\":\"config\",\"device\":null,\
              \"state\":\"not mapped\",\"linked\":false,\"paths\":[{\"path\":\"ip:10.0.0.2@ip:10.0.0.1\",\"connected\":true}]}],\
              \"notices\":[]}"
         );
