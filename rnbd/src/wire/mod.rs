@@ -87,41 +87,7 @@ pub const EINVAL: u16 = 22;
 /// errno `EOPNOTSUPP`: the reply to an unsupported IO op (rnbd.md §8.3 #33).
 pub const EOPNOTSUPP: u16 = 95;
 
-macro_rules! enum_with_unknown {
-    (
-        $(#[$enum_meta:meta])*
-        pub enum $name:ident($ty:ty) {
-            $( $(#[$variant_meta:meta])* $variant:ident = $value:expr ),+ $(,)?
-        }
-    ) => {
-        $(#[$enum_meta])*
-        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-        pub enum $name {
-            $( $(#[$variant_meta])* $variant, )+
-            /// A value this implementation does not know.
-            Unknown($ty),
-        }
-
-        impl From<$ty> for $name {
-            fn from(value: $ty) -> Self {
-                match value {
-                    $( $value => $name::$variant, )+
-                    other => $name::Unknown(other),
-                }
-            }
-        }
-
-        impl From<$name> for $ty {
-            fn from(value: $name) -> Self {
-                match value {
-                    $( $name::$variant => $value, )+
-                    $name::Unknown(other) => other,
-                }
-            }
-        }
-    };
-}
-pub(crate) use enum_with_unknown;
+pub(crate) use wire_enum::enum_with_unknown;
 
 enum_with_unknown! {
     /// `enum rnbd_msg_type`: the le16 at the start of every message (rnbd.md §2.1).

@@ -6,6 +6,8 @@
 //! code. rxe always sends 0x1F credits ("unlimited") and ignores them on receive.
 //! After [`Packet::check_len`] succeeds no accessor panics.
 
+use wire_enum::enum_with_unknown;
+
 use core::fmt;
 
 use super::bytes::{read_u24_be, write_u24_be};

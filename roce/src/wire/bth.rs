@@ -16,6 +16,8 @@
 //! order DETH, RETH, AtomicETH, AETH, AtomicAckETH, ImmDt, IETH (§1.6); see
 //! [`Opcode::ext_headers`]. After [`Packet::check_len`] succeeds no accessor panics.
 
+use wire_enum::enum_with_unknown;
+
 use core::fmt;
 
 use super::bytes::{get_bits, read_u16_be, read_u24_be, set_bits, write_u16_be, write_u24_be};

@@ -13,6 +13,8 @@
 //! packet. After [`Packet::check_len`] succeeds no accessor panics;
 //! [`Packet::payload`] is the class data.
 
+use wire_enum::enum_with_unknown;
+
 use core::fmt;
 
 use super::bytes::{

@@ -27,44 +27,6 @@
 
 use core::fmt;
 
-/// `enum Name(uN) { Variant = value, ... }` plus an `Unknown(uN)` variant and
-/// lossless `From` conversions both ways. `From<uN>` never produces `Unknown` for
-/// a named value.
-macro_rules! enum_with_unknown {
-    (
-        $(#[$enum_attr:meta])*
-        pub enum $name:ident($ty:ty) {
-            $( $(#[$variant_attr:meta])* $variant:ident = $value:literal ),+ $(,)?
-        }
-    ) => {
-        $(#[$enum_attr])*
-        #[derive(Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Clone, Copy)]
-        pub enum $name {
-            $( $(#[$variant_attr])* $variant, )+
-            /// A value this crate does not name.
-            Unknown($ty),
-        }
-
-        impl ::core::convert::From<$ty> for $name {
-            fn from(value: $ty) -> Self {
-                match value {
-                    $( $value => $name::$variant, )+
-                    other => $name::Unknown(other),
-                }
-            }
-        }
-
-        impl ::core::convert::From<$name> for $ty {
-            fn from(value: $name) -> Self {
-                match value {
-                    $( $name::$variant => $value, )+
-                    $name::Unknown(other) => other,
-                }
-            }
-        }
-    };
-}
-
 /// A fixed-size header view: the struct plus `new_unchecked`, `new_checked`,
 /// `check_len`, `into_inner` and `AsRef<[u8]>`. With `payload`, also
 /// `payload()`/`payload_mut()` returning the bytes after the header.

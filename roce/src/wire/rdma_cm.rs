@@ -15,6 +15,8 @@
 //! REP and REJ private data carry no such header (§5.3).
 //! After [`Packet::check_len`] succeeds no accessor panics.
 
+use wire_enum::enum_with_unknown;
+
 use core::fmt;
 
 use super::bytes::{get_bits, read_u16_be, set_bits, write_u16_be};

@@ -111,40 +111,7 @@ pub const IMM_PAYLOAD_BITS: u32 = 28;
 /// Length of the session-name field of INFO_REQ (rtrs.md §3.1).
 pub const PATHNAME_LEN: usize = 255;
 
-macro_rules! enum_with_unknown {
-    (
-        $(#[$enum_meta:meta])*
-        pub enum $name:ident($ty:ty) {
-            $( $(#[$variant_meta:meta])* $variant:ident = $value:expr ),+ $(,)?
-        }
-    ) => {
-        $(#[$enum_meta])*
-        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-        pub enum $name {
-            $( $(#[$variant_meta])* $variant, )+
-            /// A value this implementation does not know.
-            Unknown($ty),
-        }
-
-        impl From<$ty> for $name {
-            fn from(value: $ty) -> Self {
-                match value {
-                    $( $value => $name::$variant, )+
-                    other => $name::Unknown(other),
-                }
-            }
-        }
-
-        impl From<$name> for $ty {
-            fn from(value: $name) -> Self {
-                match value {
-                    $( $name::$variant => $value, )+
-                    $name::Unknown(other) => other,
-                }
-            }
-        }
-    };
-}
+use wire_enum::enum_with_unknown;
 
 enum_with_unknown! {
     /// `enum rtrs_msg_types`: the le16 `type` that starts INFO_REQ, INFO_RSP,

@@ -15,6 +15,8 @@
 //! only: whether a REQ is acceptable (transport type, MTU, service) is the CM
 //! state machine's decision, answered with a REJ.
 
+use wire_enum::enum_with_unknown;
+
 use core::fmt;
 
 use super::mad::{self, MgmtClass};

@@ -11,6 +11,8 @@
 //! A server rejecting a REQ sends MessageRejected 0, LocalCommID 0, the REQ's
 //! TID, and reason 8 (no listener) or 28 (refused).
 
+use wire_enum::enum_with_unknown;
+
 use core::fmt;
 
 use super::super::bytes::{get_bits, read_u16_be, set_bits, write_u16_be};

@@ -18,6 +18,8 @@
 //! (ib-cm.md §4.2 "passive-side interpretation"). With an RDMA CM service ID the
 //! private data starts with the RDMA CM header ([`crate::wire::rdma_cm`]).
 
+use wire_enum::enum_with_unknown;
+
 use core::fmt;
 
 use super::super::bytes::{
