@@ -2,7 +2,7 @@
 //! DESIGN.md §6): a counting global allocator sees no client allocation
 //! while requests are submitted, laid out, answered (both invalidate modes),
 //! heartbeats run, a path fails over and reconnects. Allocations inside the
-//! loopback provider (`InFabric`) and in the test harness are not counted.
+//! loopback provider (`InProvider`) and in the test harness are not counted.
 
 mod client_support;
 #[path = "common/counting_alloc.rs"]
@@ -16,7 +16,7 @@ use rtrs::client::{ClientIo, Direction, Event, ReadBuffer};
 use rtrs::server::Event as ServerEvent;
 use verbs::{AccessFlags, Memory, Sge, Sgl};
 
-counting_allocator!(FABRIC_DEPTH);
+counting_allocator!(PROVIDER_DEPTH);
 
 /// `Pair::settle` with only the client's calls counted.
 fn settle(pair: &mut Pair) {

@@ -1,7 +1,7 @@
 //! No allocation on the data path after warm-up (DESIGN.md §6): a counting
 //! global allocator sees no server allocation while requests are received,
 //! dispatched, answered (both invalidate modes) and heartbeats run.
-//! Allocations made inside the mock provider are not counted (`InMock`).
+//! Allocations made inside the mock provider are not counted (`InProvider`).
 
 mod server_support;
 #[path = "common/counting_alloc.rs"]
@@ -14,7 +14,7 @@ use rtrs::server::{Event, ReadData};
 use server_support::*;
 use verbs::Rkey;
 
-counting_allocator!(MOCK_DEPTH);
+counting_allocator!(PROVIDER_DEPTH);
 
 fn round(h: &mut Harness, path: &mut ClientPath, events: &mut Vec<Event>, chunk: u32) {
     path.write(h, 1, chunk, &[1; 32], &[2; 4096]);

@@ -25,12 +25,12 @@ use rtrs::server::{
     errno, CloseReason, ConfigError, Event, IoDirection, ReadData, Server, ServerConfig, Usage,
 };
 use rtrs::wire::{ConnReq, ConnRsp, InfoReq, Uuid};
-use server_support::{small_config, MockVerbs, MOCK_DEPTH};
+use server_support::{small_config, MockVerbs, PROVIDER_DEPTH};
 use verbs::{
     AccessFlags, CmEvent, ConnId, KeySource, Memory, MemoryRegion, PrivateData, Sge, Sgl, Verbs,
 };
 
-counting_allocator!(MOCK_DEPTH);
+counting_allocator!(PROVIDER_DEPTH);
 
 // ----- the simulated network ---------------------------------------------------
 

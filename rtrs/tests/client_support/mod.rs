@@ -22,42 +22,15 @@ use rtrs::client::{Client, ClientConfig, Event as ClientEvent};
 use rtrs::server::{Event as ServerEvent, IoDirection, ReadData, Server, ServerConfig};
 use verbs::memory::Arena;
 use verbs::{
-    AccessError, AccessFlags, AllocError, CmEvent, ConnId, ConnParams, ConnectError, KeySource,
-    Lkey, Memory, MemoryHandle, MemoryRegion, PostError, PrivateData, RecvWr, RegError,
-    RejectReason, Rkey, SendOp, SendWr, Verbs, WcOpcode, WcStatus, WorkCompletion,
+    AccessError, AccessFlags, AllocError, CmEvent, ConnId, ConnParams, ConnectError, Lkey, Memory,
+    MemoryHandle, MemoryRegion, PostError, PrivateData, RecvWr, RegError, RejectReason, Rkey,
+    SendOp, SendWr, Verbs, WcOpcode, WcStatus, WorkCompletion,
 };
 
-thread_local! {
-    /// Depth of loopback-provider calls on this thread: allocation-counting
-    /// tests count only the client's own allocations.
-    pub static FABRIC_DEPTH: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
-}
-
-/// Marks the current thread as inside the fabric until dropped.
-pub struct InFabric;
-
-impl InFabric {
-    pub fn enter() -> Self {
-        FABRIC_DEPTH.with(|depth| depth.set(depth.get() + 1));
-        InFabric
-    }
-}
-
-impl Drop for InFabric {
-    fn drop(&mut self) {
-        FABRIC_DEPTH.with(|depth| depth.set(depth.get() - 1));
-    }
-}
-
-/// Seeded key source.
-pub struct Lcg(pub u32);
-
-impl KeySource for Lcg {
-    fn next_u32(&mut self) -> u32 {
-        self.0 = self.0.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
-        self.0
-    }
-}
+#[path = "../common/provider.rs"]
+mod provider;
+#[allow(unused_imports)] // each test binary uses a different subset
+pub use provider::{InProvider, Lcg, PROVIDER_DEPTH};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum ConnState {
@@ -446,7 +419,7 @@ impl Memory for LoopVerbs {
         len: u32,
         f: impl FnOnce(&[u8]) -> R,
     ) -> Result<R, AccessError> {
-        let _fabric = InFabric::enter();
+        let _fabric = InProvider::enter();
         self.fabric.borrow().sides[self.side]
             .arena
             .with_slice(handle, offset, len, f)
@@ -459,7 +432,7 @@ impl Memory for LoopVerbs {
         len: u32,
         f: impl FnOnce(&mut [u8]) -> R,
     ) -> Result<R, AccessError> {
-        let _fabric = InFabric::enter();
+        let _fabric = InProvider::enter();
         self.fabric.borrow_mut().sides[self.side]
             .arena
             .with_slice_mut(handle, offset, len, f)
@@ -468,14 +441,14 @@ impl Memory for LoopVerbs {
 
 impl Verbs for LoopVerbs {
     fn alloc(&mut self, len: u32, align: u32) -> Result<MemoryHandle, AllocError> {
-        let _fabric = InFabric::enter();
+        let _fabric = InProvider::enter();
         self.fabric.borrow_mut().sides[self.side]
             .arena
             .alloc(len, align)
     }
 
     fn free(&mut self, buffer: MemoryHandle) -> Result<(), RegError> {
-        let _fabric = InFabric::enter();
+        let _fabric = InProvider::enter();
         self.fabric.borrow_mut().sides[self.side].arena.free(buffer)
     }
 
@@ -484,28 +457,28 @@ impl Verbs for LoopVerbs {
         buffer: MemoryHandle,
         access: AccessFlags,
     ) -> Result<MemoryRegion, RegError> {
-        let _fabric = InFabric::enter();
+        let _fabric = InProvider::enter();
         let mut inner = self.fabric.borrow_mut();
         let side = &mut inner.sides[self.side];
         side.arena.register(buffer, access, &mut side.keys)
     }
 
     fn rekey(&mut self, lkey: Lkey) -> Result<Rkey, RegError> {
-        let _fabric = InFabric::enter();
+        let _fabric = InProvider::enter();
         let mut inner = self.fabric.borrow_mut();
         let side = &mut inner.sides[self.side];
         side.arena.rekey(lkey, &mut side.keys)
     }
 
     fn dereg_mr(&mut self, lkey: Lkey) -> Result<(), RegError> {
-        let _fabric = InFabric::enter();
+        let _fabric = InProvider::enter();
         self.fabric.borrow_mut().sides[self.side]
             .arena
             .deregister(lkey)
     }
 
     fn post_send(&mut self, conn: ConnId, requests: &[SendWr]) -> Result<(), PostError> {
-        let _fabric = InFabric::enter();
+        let _fabric = InProvider::enter();
         let mut inner = self.fabric.borrow_mut();
         for wr in requests {
             inner.sides[self.side]
@@ -534,7 +507,7 @@ impl Verbs for LoopVerbs {
     }
 
     fn post_recv(&mut self, conn: ConnId, requests: &[RecvWr]) -> Result<(), PostError> {
-        let _fabric = InFabric::enter();
+        let _fabric = InProvider::enter();
         let mut inner = self.fabric.borrow_mut();
         for wr in requests {
             inner.sides[self.side]
@@ -551,7 +524,7 @@ impl Verbs for LoopVerbs {
     }
 
     fn poll_cq(&mut self, out: &mut [WorkCompletion]) -> usize {
-        let _fabric = InFabric::enter();
+        let _fabric = InProvider::enter();
         let mut inner = self.fabric.borrow_mut();
         let cq = &mut inner.sides[self.side].cq;
         let mut count = 0;
@@ -564,7 +537,7 @@ impl Verbs for LoopVerbs {
     }
 
     fn listen(&mut self, port: u16) -> Result<(), ConnectError> {
-        let _fabric = InFabric::enter();
+        let _fabric = InProvider::enter();
         self.fabric.borrow_mut().listening = Some(port);
         Ok(())
     }
@@ -574,7 +547,7 @@ impl Verbs for LoopVerbs {
         remote: SocketAddr,
         params: &ConnParams<'_>,
     ) -> Result<ConnId, ConnectError> {
-        let _fabric = InFabric::enter();
+        let _fabric = InProvider::enter();
         let mut inner = self.fabric.borrow_mut();
         let side = self.side;
         let id = ConnId(inner.sides[side].next_conn);
@@ -629,7 +602,7 @@ impl Verbs for LoopVerbs {
     }
 
     fn accept(&mut self, conn: ConnId, params: &ConnParams<'_>) -> Result<(), ConnectError> {
-        let _fabric = InFabric::enter();
+        let _fabric = InProvider::enter();
         let mut inner = self.fabric.borrow_mut();
         let side = self.side;
         let c = inner
@@ -659,7 +632,7 @@ impl Verbs for LoopVerbs {
     }
 
     fn reject(&mut self, conn: ConnId, private_data: &[u8]) -> Result<(), ConnectError> {
-        let _fabric = InFabric::enter();
+        let _fabric = InProvider::enter();
         let mut inner = self.fabric.borrow_mut();
         let side = self.side;
         let at = inner
@@ -681,7 +654,7 @@ impl Verbs for LoopVerbs {
     }
 
     fn disconnect(&mut self, conn: ConnId) -> Result<(), ConnectError> {
-        let _fabric = InFabric::enter();
+        let _fabric = InProvider::enter();
         let mut inner = self.fabric.borrow_mut();
         let c = inner
             .conn(self.side, conn)
@@ -694,7 +667,7 @@ impl Verbs for LoopVerbs {
     }
 
     fn destroy(&mut self, conn: ConnId) -> Result<(), ConnectError> {
-        let _fabric = InFabric::enter();
+        let _fabric = InProvider::enter();
         let mut inner = self.fabric.borrow_mut();
         let side = self.side;
         let at = inner
@@ -716,7 +689,7 @@ impl Verbs for LoopVerbs {
     }
 
     fn poll_cm_event(&mut self) -> Option<CmEvent> {
-        let _fabric = InFabric::enter();
+        let _fabric = InProvider::enter();
         self.fabric.borrow_mut().sides[self.side].cm.pop_front()
     }
 }

@@ -18,42 +18,15 @@ use rtrs::wire::{
 };
 use verbs::memory::Arena;
 use verbs::{
-    AccessError, AccessFlags, AllocError, CmEvent, ConnId, ConnParams, ConnectError, KeySource,
-    Lkey, Memory, MemoryHandle, MemoryRegion, PostError, PrivateData, RecvWr, RegError, Rkey,
-    SendOp, SendWr, Verbs, WcOpcode, WcStatus, WorkCompletion,
+    AccessError, AccessFlags, AllocError, CmEvent, ConnId, ConnParams, ConnectError, Lkey, Memory,
+    MemoryHandle, MemoryRegion, PostError, PrivateData, RecvWr, RegError, Rkey, SendOp, SendWr,
+    Verbs, WcOpcode, WcStatus, WorkCompletion,
 };
 
-thread_local! {
-    /// Depth of mock-provider calls on this thread: allocation-counting tests
-    /// count only the server's own allocations, not the mock's bookkeeping.
-    pub static MOCK_DEPTH: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
-}
-
-/// Marks the current thread as inside the mock until dropped.
-pub struct InMock;
-
-impl InMock {
-    pub fn enter() -> Self {
-        MOCK_DEPTH.with(|depth| depth.set(depth.get() + 1));
-        InMock
-    }
-}
-
-impl Drop for InMock {
-    fn drop(&mut self) {
-        MOCK_DEPTH.with(|depth| depth.set(depth.get() - 1));
-    }
-}
-
-/// Seeded key source.
-pub struct Lcg(pub u32);
-
-impl KeySource for Lcg {
-    fn next_u32(&mut self) -> u32 {
-        self.0 = self.0.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
-        self.0
-    }
-}
+#[path = "../common/provider.rs"]
+mod provider;
+#[allow(unused_imports)] // each test binary uses a different subset
+pub use provider::{InProvider, Lcg, PROVIDER_DEPTH};
 
 /// An accept the server made.
 #[derive(Debug, Clone)]
@@ -209,7 +182,7 @@ impl Memory for MockVerbs {
         len: u32,
         f: impl FnOnce(&[u8]) -> R,
     ) -> Result<R, AccessError> {
-        let _mock = InMock::enter();
+        let _mock = InProvider::enter();
         self.arena.with_slice(handle, offset, len, f)
     }
 
@@ -220,19 +193,19 @@ impl Memory for MockVerbs {
         len: u32,
         f: impl FnOnce(&mut [u8]) -> R,
     ) -> Result<R, AccessError> {
-        let _mock = InMock::enter();
+        let _mock = InProvider::enter();
         self.arena.with_slice_mut(handle, offset, len, f)
     }
 }
 
 impl Verbs for MockVerbs {
     fn alloc(&mut self, len: u32, align: u32) -> Result<MemoryHandle, AllocError> {
-        let _mock = InMock::enter();
+        let _mock = InProvider::enter();
         self.arena.alloc(len, align)
     }
 
     fn free(&mut self, buffer: MemoryHandle) -> Result<(), RegError> {
-        let _mock = InMock::enter();
+        let _mock = InProvider::enter();
         self.arena.free(buffer)
     }
 
@@ -241,23 +214,23 @@ impl Verbs for MockVerbs {
         buffer: MemoryHandle,
         access: AccessFlags,
     ) -> Result<MemoryRegion, RegError> {
-        let _mock = InMock::enter();
+        let _mock = InProvider::enter();
         self.arena.register(buffer, access, &mut self.keys)
     }
 
     fn rekey(&mut self, lkey: Lkey) -> Result<Rkey, RegError> {
-        let _mock = InMock::enter();
+        let _mock = InProvider::enter();
         self.rekeys += 1;
         self.arena.rekey(lkey, &mut self.keys)
     }
 
     fn dereg_mr(&mut self, lkey: Lkey) -> Result<(), RegError> {
-        let _mock = InMock::enter();
+        let _mock = InProvider::enter();
         self.arena.deregister(lkey)
     }
 
     fn post_send(&mut self, conn: ConnId, requests: &[SendWr]) -> Result<(), PostError> {
-        let _mock = InMock::enter();
+        let _mock = InProvider::enter();
         if !self.live.contains(&conn) {
             return Err(PostError::UnknownConnection);
         }
@@ -280,7 +253,7 @@ impl Verbs for MockVerbs {
     }
 
     fn post_recv(&mut self, conn: ConnId, requests: &[RecvWr]) -> Result<(), PostError> {
-        let _mock = InMock::enter();
+        let _mock = InProvider::enter();
         if !self.live.contains(&conn) {
             return Err(PostError::UnknownConnection);
         }
@@ -296,7 +269,7 @@ impl Verbs for MockVerbs {
     }
 
     fn poll_cq(&mut self, out: &mut [WorkCompletion]) -> usize {
-        let _mock = InMock::enter();
+        let _mock = InProvider::enter();
         let mut count = 0;
         while count < out.len() {
             let Some(wc) = self.cq.pop_front() else { break };
@@ -307,7 +280,7 @@ impl Verbs for MockVerbs {
     }
 
     fn listen(&mut self, port: u16) -> Result<(), ConnectError> {
-        let _mock = InMock::enter();
+        let _mock = InProvider::enter();
         self.listening = Some(port);
         Ok(())
     }
@@ -317,12 +290,12 @@ impl Verbs for MockVerbs {
         _remote: SocketAddr,
         _params: &ConnParams<'_>,
     ) -> Result<ConnId, ConnectError> {
-        let _mock = InMock::enter();
+        let _mock = InProvider::enter();
         Err(ConnectError::AddressUnsupported)
     }
 
     fn accept(&mut self, conn: ConnId, params: &ConnParams<'_>) -> Result<(), ConnectError> {
-        let _mock = InMock::enter();
+        let _mock = InProvider::enter();
         if !self.live.contains(&conn) {
             return Err(ConnectError::UnknownConnection);
         }
@@ -338,7 +311,7 @@ impl Verbs for MockVerbs {
     }
 
     fn reject(&mut self, conn: ConnId, private_data: &[u8]) -> Result<(), ConnectError> {
-        let _mock = InMock::enter();
+        let _mock = InProvider::enter();
         if !self.live.remove(&conn) {
             return Err(ConnectError::UnknownConnection);
         }
@@ -348,7 +321,7 @@ impl Verbs for MockVerbs {
     }
 
     fn disconnect(&mut self, conn: ConnId) -> Result<(), ConnectError> {
-        let _mock = InMock::enter();
+        let _mock = InProvider::enter();
         if !self.connected.remove(&conn) {
             return Err(ConnectError::InvalidState);
         }
@@ -358,7 +331,7 @@ impl Verbs for MockVerbs {
     }
 
     fn destroy(&mut self, conn: ConnId) -> Result<(), ConnectError> {
-        let _mock = InMock::enter();
+        let _mock = InProvider::enter();
         if !self.live.remove(&conn) {
             return Err(ConnectError::UnknownConnection);
         }
@@ -371,7 +344,7 @@ impl Verbs for MockVerbs {
     }
 
     fn poll_cm_event(&mut self) -> Option<CmEvent> {
-        let _mock = InMock::enter();
+        let _mock = InProvider::enter();
         self.cm_events.pop_front()
     }
 }
