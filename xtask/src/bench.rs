@@ -1,14 +1,18 @@
 //! `cargo xtask bench-vm`: the same fio jobs from the same initiator VM
 //! against every target it knows, as one table.
 //!
-//! Each figure is the median of `--runs` runs with the spread (min-max)
-//! shown; the ratio column compares with the Linux rnbd_server. Not a test:
-//! it prints numbers.
+//! Columns: the Linux reference target (rnbd_server and nvmet-rdma), the
+//! hosted Brick target (`brick-target`) and the bare-metal image
+//! (`brick-image` under QEMU, TCG), each on the judge's bed ([`Bed`]: one
+//! relay between the target and the initiator VM); `--target` keeps some
+//! kinds only. Each figure is the median of `--runs` runs with the spread
+//! (min-max) shown; the ratio compares with the first column (the Linux
+//! rnbd_server unless left out). Not a test: it prints numbers.
 
 use crate::target::{Bed, BedConfig, TargetKind};
 use crate::util::step;
 use crate::vmimage::Images;
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use std::time::Duration;
 
 /// Arguments of `cargo xtask bench-vm`.
@@ -18,8 +22,12 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 20)]
     runtime: u32,
     /// Runs per job (the median is reported).
-    #[arg(long, default_value_t = 3)]
-    runs: usize,
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
+    runs: u32,
+    /// Only these target kinds (linux-ref, brick-hosted, brick-image);
+    /// repeatable. Default: all.
+    #[arg(long = "target")]
+    targets: Vec<String>,
 }
 
 struct Job {
@@ -128,7 +136,34 @@ pub fn run(args: BenchArgs) -> Result<()> {
                 detach: "unmap $d",
             },
         ),
+        (
+            TargetKind::BrickImage,
+            Column {
+                name: "brick image",
+                attach: attach_rnbd,
+                detach: "unmap $d",
+            },
+        ),
     ];
+    let known = [
+        TargetKind::LinuxReference,
+        TargetKind::BrickHosted,
+        TargetKind::BrickImage,
+    ];
+    for name in &args.targets {
+        if !known.iter().any(|k| k.name() == name) {
+            bail!(
+                "--target {name}: known kinds are {}",
+                known.map(|k| k.name()).join(", ")
+            );
+        }
+    }
+    let columns: Vec<(TargetKind, Column)> = columns
+        .into_iter()
+        .filter(|(kind, _)| {
+            args.targets.is_empty() || args.targets.iter().any(|t| t == kind.name())
+        })
+        .collect();
     let mut results: Vec<Vec<Vec<Sample>>> = Vec::new();
     let mut bed: Option<(TargetKind, Bed)> = None;
     for (kind, column) in &columns {

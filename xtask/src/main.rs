@@ -34,8 +34,9 @@ struct Cli {
 enum Command {
     /// Run the tests: host tests plus the VM smoke suites (`--full`: everything).
     Test(suite::TestArgs),
-    /// Start the hosted target with a demo volume and map it with Brick's
-    /// initiator on loopback (`--linux`: from the stock Linux client in a VM).
+    /// Boot the image under QEMU with a demo volume and map it with Brick's
+    /// initiator through a relay (`--hosted`: the hosted target on UDP
+    /// loopback; `--linux`: from the stock Linux client in a VM).
     Demo(demo::DemoArgs),
     /// Build the bare-metal image (x86_64-unknown-none, PVH) and print its path.
     Image,
@@ -51,7 +52,8 @@ enum Command {
     },
     /// Run a frame relay between two stream-framed Unix sockets.
     Relay(relay::RelayArgs),
-    /// The side-by-side benchmark: the same fio jobs against every target.
+    /// The side-by-side benchmark: the same fio jobs against every target
+    /// (Linux rnbd_server and nvmet-rdma, brick-hosted, brick-image).
     BenchVm(bench::BenchArgs),
     /// Brick's initiator (`brick bench`) against every target it reaches.
     BenchInitiator(bench_initiator::BenchInitiatorArgs),

@@ -136,7 +136,7 @@ pub enum TargetKind {
 impl TargetKind {
     /// Whether its beds can have a probe port ([`BedConfig::probe`]).
     pub fn has_probe_port(self) -> bool {
-        matches!(self, TargetKind::BrickHosted)
+        matches!(self, TargetKind::BrickHosted | TargetKind::BrickImage)
     }
 
     /// Name for reports.
@@ -167,7 +167,10 @@ impl TargetKind {
 /// `[limits]` the image target gets when the examples/ manifest has none:
 /// the engine's registered arenas come from guest RAM, and the defaults
 /// (512-deep queues of 132 KiB chunks) would take ~530 MiB per interface
-/// (a 1.2 GiB guest); these keep the judge's guest at ~830 MiB.
+/// (a 1.2 GiB guest); these keep the judge's guest at ~830 MiB. A bed
+/// with a probe port has the probe limits instead (queue depth 384, see
+/// [`PROBE_QUEUE_DEPTH`]) and a second interface: ~1.4 GiB of guest
+/// ([`crate::image::guest_mib`] sizes it from the manifest).
 const IMAGE_LIMITS: &str = "\n[limits]\nmax_sessions = 4\nqueue_depth = 128\n";
 /// What the image prints once its poll loop runs.
 const IMAGE_SERVING: &str = "[brick] serving after";
@@ -325,6 +328,22 @@ fn judge_manifest(
     let path = dir.join("judge.toml");
     std::fs::write(&path, text).with_context(|| format!("write {}", path.display()))?;
     Ok(path)
+}
+
+/// What `hostile_probe` is told about a target serving the probe port
+/// with `limits`.
+fn probe_port(limits: &manifest::Limits) -> ProbePort {
+    ProbePort {
+        target: PROBE_TARGET.into(),
+        local: format!("{PROBE_LOCAL}/{PROBE_PREFIX}"),
+        mac: PROBE_LOCAL_MAC.into(),
+        session_prefix: PROBE_SESSIONS.into(),
+        refused_session: PROBE_REFUSED.into(),
+        ro_volume: PROBE_RO_VOLUME.into(),
+        rw_volume: PROBE_RW_VOLUME.into(),
+        max_connections: limits.max_connections_per_path,
+        max_sessions: limits.max_sessions,
+    }
 }
 
 /// The `[limits]` keys of a bed with a probe port.
@@ -593,17 +612,7 @@ impl Target {
                     volumes,
                     nvme: None,
                     restart: Restart::Process,
-                    probe: probe.map(|_| ProbePort {
-                        target: PROBE_TARGET.into(),
-                        local: format!("{PROBE_LOCAL}/{PROBE_PREFIX}"),
-                        mac: PROBE_LOCAL_MAC.into(),
-                        session_prefix: PROBE_SESSIONS.into(),
-                        refused_session: PROBE_REFUSED.into(),
-                        ro_volume: PROBE_RO_VOLUME.into(),
-                        rw_volume: PROBE_RW_VOLUME.into(),
-                        max_connections: manifest.limits.max_connections_per_path,
-                        max_sessions: manifest.limits.max_sessions,
-                    }),
+                    probe: probe.map(|_| probe_port(&manifest.limits)),
                 };
                 let mut command = vec![
                     binary.display().to_string(),
@@ -628,17 +637,25 @@ impl Target {
                 target.start_process()?;
                 Ok(target)
             }
-            TargetKind::BrickImage => Self::spawn_image(kind, relays, mtu),
+            TargetKind::BrickImage => Self::spawn_image(kind, relays, probe, mtu),
         }
     }
 
     /// The image under QEMU: the examples/ manifest plus the durable
     /// volume on a virtio-blk disk ([`Durable::VirtioBlk`], backed by a
-    /// file that survives restarts), one virtio-net NIC per relay.
-    fn spawn_image(kind: TargetKind, relays: &[Relay], mtu: u32) -> Result<Target> {
+    /// file that survives restarts), one virtio-net NIC per relay and, with
+    /// `probe`, one more for the probe port (after the path NICs, as its
+    /// interface is after the path interfaces).
+    fn spawn_image(
+        kind: TargetKind,
+        relays: &[Relay],
+        probe: Option<&Relay>,
+        mtu: u32,
+    ) -> Result<Target> {
         let image = crate::image::build()?;
         let dir = crate::paths::scratch("brick-image");
-        let manifest_path = judge_manifest(relays.len(), mtu, false, Durable::VirtioBlk, &dir)?;
+        let manifest_path =
+            judge_manifest(relays.len(), mtu, probe.is_some(), Durable::VirtioBlk, &dir)?;
         // The durable volume's disk: created empty here, kept across
         // restarts (a restart reboots QEMU with the same command).
         let disk = dir.join(DURABLE_FILE);
@@ -658,12 +675,13 @@ impl Target {
         std::fs::write(&blob_path, &blob)?;
         let manifest = manifest::binary::Manifest::parse(&blob)
             .map_err(|e| anyhow::anyhow!("{}: {e}", manifest_path.display()))?;
-        if manifest.interface_count() != relays.len() {
+        if manifest.interface_count() != relays.len() + usize::from(probe.is_some()) {
             bail!(
-                "{} has {} interfaces, the bed has {} paths",
+                "{} has {} interfaces, the bed has {} paths and {} probe port",
                 manifest_path.display(),
                 manifest.interface_count(),
-                relays.len()
+                relays.len(),
+                usize::from(probe.is_some())
             );
         }
         let mut paths = Vec::new();
@@ -686,9 +704,27 @@ impl Target {
             });
             nics.push((relay.b.clone(), interface.mac.0));
         }
+        if let Some(relay) = probe {
+            let interface = manifest
+                .interfaces()
+                .nth(relays.len())
+                .context("the probe interface is missing")?;
+            if interface.address.address.to_string() != PROBE_TARGET
+                || interface.mac.to_string() != PROBE_TARGET_MAC
+            {
+                bail!(
+                    "{}: the probe interface is {interface}, the bed expects {PROBE_TARGET} / {PROBE_TARGET_MAC}",
+                    manifest_path.display(),
+                );
+            }
+            nics.push((relay.b.clone(), interface.mac.0));
+        }
         let volumes = config
             .volumes
             .iter()
+            .filter(|v| {
+                probe.is_none() || ![PROBE_RO_VOLUME, PROBE_RW_VOLUME].contains(&v.name.as_str())
+            })
             .map(|v| match &v.backing {
                 manifest::config::Backing::Ram { size } => Ok(Volume {
                     device_path: v.device_path.clone(),
@@ -712,7 +748,7 @@ impl Target {
             volumes,
             nvme: None,
             restart: Restart::Reboot,
-            probe: None,
+            probe: probe.map(|_| probe_port(&config.limits)),
         };
         let command = crate::image::qemu_command(
             &image,
@@ -935,8 +971,8 @@ pub struct BedConfig {
     pub initiator_cpus: u32,
     /// Write a pcap per path into the scratch directory.
     pub pcap: bool,
-    /// Give the target a probe port ([`ProbePort`]; the hosted Brick
-    /// target only, other kinds ignore it).
+    /// Give the target a probe port ([`ProbePort`]; the Brick targets
+    /// only, see [`TargetKind::has_probe_port`]; other kinds ignore it).
     pub probe: bool,
     /// Extra host files put into the initiator's initramfs (host path,
     /// guest path), e.g. a static `brick-initiatord`.
@@ -973,7 +1009,7 @@ impl Bed {
             )?);
         }
         let probe = match config.kind {
-            TargetKind::BrickHosted if config.probe => {
+            kind if kind.has_probe_port() && config.probe => {
                 let pcap = config.pcap.then(|| dir.join("probe.pcap"));
                 Some(Relay::start(
                     &dir.join("probe-a.sock"),
@@ -1090,20 +1126,26 @@ mod tests {
     use manifest::AccessMode;
     use std::net::Ipv4Addr;
 
-    /// The probe port's manifest compiles; the initiator keeps its access
-    /// on every path, probe sessions reach only the probe volumes, and the
-    /// refused name reaches nothing.
+    /// The probe port's manifest compiles (hosted and image backings of
+    /// the durable volume); the initiator keeps its access on every path,
+    /// probe sessions reach only the probe volumes, and the refused name
+    /// reaches nothing.
     #[test]
     fn probe_manifest_keeps_the_initiator_access() {
-        for paths in [1, 2] {
+        for (paths, durable) in [
+            (1, Durable::File),
+            (2, Durable::File),
+            (1, Durable::VirtioBlk),
+            (2, Durable::VirtioBlk),
+        ] {
             let dir = crate::paths::scratch("probe-manifest");
-            let path = judge_manifest(paths, 1500, true, Durable::File, &dir).unwrap();
+            let path = judge_manifest(paths, 1500, true, durable, &dir).unwrap();
             let config = manifest::compile_file(&path).unwrap();
             assert_eq!(config.interfaces.len(), paths + 1);
             assert_eq!(config.interfaces[paths].name, PROBE_INTERFACE);
             assert_eq!(config.limits.max_sessions, PROBE_MAX_SESSIONS);
             assert_eq!(config.limits.queue_depth, PROBE_QUEUE_DEPTH);
-            let plain = judge_manifest(paths, 1500, false, Durable::File, &dir).unwrap();
+            let plain = judge_manifest(paths, 1500, false, durable, &dir).unwrap();
             let plain = manifest::compile_file(&plain).unwrap();
             let blob = config.to_binary().unwrap();
             let probed = Manifest::parse(&blob).unwrap();
