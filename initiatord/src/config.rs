@@ -24,13 +24,42 @@
 //!
 //! Volumes that share a session must list the same paths and port: paths
 //! belong to the RTRS session, not to a device (`rtrs.md` §7).
+//!
+//! # Userspace volumes (NBD exports)
+//!
+//! A volume with `export` is not mapped through the kernel's rnbd client:
+//! the daemon itself connects with Brick's userspace initiator over `link`
+//! and serves the volume as an NBD export (`nbd-client`, `qemu-img`,
+//! `qemu-io`), see the `userspace` module. The NBD export name is the
+//! volume's `name` (the empty default name works too).
+//!
+//! ```toml
+//! [[volumes]]
+//! name = "db"                   # the NBD export name
+//! session = "host1-nbd"         # its own RTRS session (not shared)
+//! device_path = "vol0"
+//! paths = ["127.0.0.1"]         # target IPv4 addresses (with `port`), no `source@`
+//! export = "nbd:unix:/run/brick/db.nbd"   # or "nbd:tcp:127.0.0.1:10809"
+//! link = "udp:127.0.0.2:4791"   # the local end of Brick's initiator
+//! ```
+//!
+//! `export` is `nbd:unix:ABSOLUTE_PATH` or `nbd:tcp:IP:PORT` on a loopback
+//! address (NBD has no authentication here: the unix socket is created
+//! with the daemon's umask, so by default only its user may connect; any
+//! local process may connect over TCP). `link` is `udp:IP[:PORT]`
+//! (the target's `--link udp:` must use the same port on another
+//! address); it is required with `export` and refused without it. Two
+//! volumes cannot share an export address, a link, or (for a userspace
+//! volume) a session name. `access_mode = "ro"` makes the export
+//! read-only.
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::net::{IpAddr, Ipv6Addr};
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::ops::Range;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
+use hal::hosted::LinkSpec;
 use serde::Deserialize;
 use toml::Spanned;
 
@@ -49,6 +78,11 @@ pub const MAX_SESSION_LEN: usize = 254;
 pub const MAX_DEVICE_PATH_LEN: usize = 254;
 /// Longest volume name; it becomes a file name under `/dev/brick`.
 pub const MAX_NAME_LEN: usize = 64;
+/// Paths of a userspace volume: the hosted HCA has 32 queue pairs and
+/// every path takes 3 (as `brick --target`).
+pub const MAX_USERSPACE_PATHS: usize = 8;
+/// Longest unix socket path (`sun_path` holds 108 bytes with the NUL).
+pub const MAX_SOCKET_PATH_LEN: usize = 107;
 
 /// A refused config: file, line, column, field path and message, exactly
 /// as the boot manifest's compiler reports them (one type for both).
@@ -166,6 +200,77 @@ impl fmt::Display for PathSpec {
     }
 }
 
+/// Where an NBD export listens (`export = "nbd:…"`).
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Debug, Hash)]
+pub enum ExportAddress {
+    /// `nbd:unix:PATH`: a unix socket at this absolute path.
+    Unix(PathBuf),
+    /// `nbd:tcp:IP:PORT`: TCP on a loopback address.
+    Tcp(SocketAddr),
+}
+
+impl ExportAddress {
+    /// Parses `nbd:unix:/ABSOLUTE/PATH` or `nbd:tcp:IP:PORT` (loopback
+    /// only, port not 0).
+    ///
+    /// # Errors
+    ///
+    /// A message saying what was expected.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let expected = "expected \"nbd:unix:/ABSOLUTE/PATH\" or \"nbd:tcp:127.0.0.1:PORT\"";
+        if let Some(path) = text.strip_prefix("nbd:unix:") {
+            if !path.starts_with('/') {
+                return Err(format!(
+                    "{expected}, found {text:?} (the path must be absolute)"
+                ));
+            }
+            if path.len() > MAX_SOCKET_PATH_LEN {
+                return Err(format!(
+                    "expected a socket path of at most {MAX_SOCKET_PATH_LEN} bytes, found {}",
+                    path.len()
+                ));
+            }
+            return Ok(Self::Unix(PathBuf::from(path)));
+        }
+        if let Some(address) = text.strip_prefix("nbd:tcp:") {
+            let address: SocketAddr = address
+                .parse()
+                .map_err(|_| format!("{expected}, found {text:?} (bad IP:PORT)"))?;
+            if !address.ip().is_loopback() {
+                return Err(format!(
+                    "expected a loopback address (127.0.0.0/8 or ::1; NBD has no \
+                     authentication), found {}",
+                    address.ip()
+                ));
+            }
+            if address.port() == 0 {
+                return Err(format!("expected a port other than 0, found {text:?}"));
+            }
+            return Ok(Self::Tcp(address));
+        }
+        Err(format!("{expected}, found {text:?}"))
+    }
+}
+
+impl fmt::Display for ExportAddress {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Unix(path) => write!(f, "nbd:unix:{}", path.display()),
+            Self::Tcp(address) => write!(f, "nbd:tcp:{address}"),
+        }
+    }
+}
+
+/// A volume served by the daemon itself: Brick's userspace initiator over
+/// `link`, exported as NBD at `address`.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct NbdExport {
+    /// Where the NBD server listens.
+    pub address: ExportAddress,
+    /// The initiator's local end (a `udp:` link).
+    pub link: LinkSpec,
+}
+
 /// One volume to keep mapped.
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub struct Volume {
@@ -181,6 +286,9 @@ pub struct Volume {
     pub port: u16,
     /// The session's paths, in config order; at least one.
     pub paths: Vec<PathSpec>,
+    /// `Some` for a userspace volume (NBD export), which the kernel
+    /// reconciliation leaves alone.
+    pub export: Option<NbdExport>,
     /// The 1-based config line of this `[[volumes]]` entry, for log lines.
     pub line: usize,
 }
@@ -194,6 +302,12 @@ impl Volume {
             line: other.line,
             ..self.clone()
         } == *other
+    }
+
+    /// Whether the daemon serves this volume itself (NBD) instead of the
+    /// kernel's rnbd client.
+    pub fn is_userspace(&self) -> bool {
+        self.export.is_some()
     }
 }
 
@@ -239,6 +353,25 @@ impl Config {
     /// The volume called `name`.
     pub fn volume(&self, name: &str) -> Option<&Volume> {
         self.volumes.iter().find(|v| v.name == name)
+    }
+
+    /// The same config with only the volumes the kernel's rnbd client maps
+    /// (userspace volumes removed): what the reconciliation works on.
+    pub fn kernel_only(&self) -> Config {
+        Config {
+            daemon: self.daemon,
+            volumes: self
+                .volumes
+                .iter()
+                .filter(|v| !v.is_userspace())
+                .cloned()
+                .collect(),
+        }
+    }
+
+    /// The volumes the daemon serves itself as NBD exports.
+    pub fn userspace_volumes(&self) -> impl Iterator<Item = &Volume> {
+        self.volumes.iter().filter(|v| v.is_userspace())
     }
 }
 
@@ -290,6 +423,8 @@ struct RawVolume {
     access_mode: Option<Spanned<String>>,
     port: Option<Spanned<i64>>,
     paths: Spanned<Vec<Spanned<String>>>,
+    export: Option<Spanned<String>>,
+    link: Option<Spanned<String>>,
 }
 
 struct Parser<'s> {
@@ -492,6 +627,19 @@ impl Parser<'_> {
                     ),
                 ));
             }
+            if let Some(first) = volumes.iter().find(|v| {
+                v.session == volume.session && (v.is_userspace() || volume.is_userspace())
+            }) {
+                return Err(self.at(
+                    &item.get_ref().session,
+                    at("session"),
+                    format!(
+                        "session {:?} is already used by volume {:?} (line {}); \
+                         a volume with `export` has an RTRS session of its own",
+                        volume.session, first.name, first.line
+                    ),
+                ));
+            }
             if let Some(first) = volumes
                 .iter()
                 .find(|v| v.session == volume.session && v.device_path == volume.device_path)
@@ -505,6 +653,39 @@ impl Parser<'_> {
                         volume.device_path, volume.session, first.name, first.line
                     ),
                 ));
+            }
+            if let (Some(export), Some(raw_export)) = (&volume.export, &item.get_ref().export) {
+                if let Some((first, _)) = volumes.iter().find_map(|v| {
+                    v.export
+                        .as_ref()
+                        .filter(|e| e.address == export.address)
+                        .map(|e| (v, e))
+                }) {
+                    return Err(self.at(
+                        raw_export,
+                        at("export"),
+                        format!(
+                            "{} is already the export of volume {:?} (line {})",
+                            export.address, first.name, first.line
+                        ),
+                    ));
+                }
+            }
+            if let (Some(export), Some(raw_link)) = (&volume.export, &item.get_ref().link) {
+                if let Some(first) = volumes
+                    .iter()
+                    .find(|v| v.export.as_ref().is_some_and(|e| e.link == export.link))
+                {
+                    return Err(self.at(
+                        raw_link,
+                        at("link"),
+                        format!(
+                            "link {} is already used by volume {:?} (line {}); \
+                             each export needs a local address of its own",
+                            export.link, first.name, first.line
+                        ),
+                    ));
+                }
             }
             if let Some(&first) = sessions.get(&volume.session) {
                 let first = &volumes[first];
@@ -597,6 +778,7 @@ impl Parser<'_> {
             }
             paths.push(path);
         }
+        let export = self.export(item, i, &paths)?;
         Ok(Volume {
             name: raw.name.get_ref().clone(),
             session: raw.session.get_ref().clone(),
@@ -604,8 +786,90 @@ impl Parser<'_> {
             access_mode,
             port,
             paths,
+            export,
             line: self.line(item.span().start),
         })
+    }
+
+    /// `export` and `link`: both or neither; userspace paths are plain
+    /// IPv4 target addresses.
+    fn export(
+        &self,
+        item: &Spanned<RawVolume>,
+        i: usize,
+        paths: &[PathSpec],
+    ) -> Result<Option<NbdExport>, ConfigError> {
+        let raw = item.get_ref();
+        let at = |field: &str| format!("volumes[{i}].{field}");
+        let (text, link) = match (&raw.export, &raw.link) {
+            (None, None) => return Ok(None),
+            (None, Some(link)) => {
+                return Err(self.at(
+                    link,
+                    at("link"),
+                    "`link` is the local end of Brick's userspace initiator; \
+                     it goes with `export = \"nbd:…\"`, found no `export`",
+                ))
+            }
+            (Some(export), None) => {
+                return Err(self.at(
+                    export,
+                    at("link"),
+                    "a volume with `export` needs `link = \"udp:IP[:PORT]\"` \
+                     (the local end of Brick's userspace initiator), found none",
+                ))
+            }
+            (Some(export), Some(link)) => (export, link),
+        };
+        let address =
+            ExportAddress::parse(text.get_ref()).map_err(|m| self.at(text, at("export"), m))?;
+        let spec: LinkSpec = link
+            .get_ref()
+            .parse()
+            .map_err(|e: hal::hosted::LinkSpecError| self.at(link, at("link"), e.to_string()))?;
+        if !matches!(spec, LinkSpec::Udp(SocketAddr::V4(_))) {
+            return Err(self.at(
+                link,
+                at("link"),
+                format!(
+                    "expected an IPv4 \"udp:IP[:PORT]\" link (frame links are not \
+                     configurable here yet), found {:?}",
+                    link.get_ref()
+                ),
+            ));
+        }
+        if paths.len() > MAX_USERSPACE_PATHS {
+            return Err(self.at(
+                &raw.paths,
+                at("paths"),
+                format!(
+                    "a volume with `export` takes at most {MAX_USERSPACE_PATHS} paths \
+                     (the userspace HCA's queue pairs), found {}",
+                    paths.len()
+                ),
+            ));
+        }
+        for (j, path) in paths.iter().enumerate() {
+            if path.source.is_some() || !matches!(path.target, Address::Ip(IpAddr::V4(_))) {
+                let span = raw
+                    .paths
+                    .get_ref()
+                    .get(j)
+                    .map_or_else(|| raw.paths.span(), Spanned::span);
+                return Err(self.error(
+                    Some(span),
+                    at(&format!("paths[{j}]")),
+                    format!(
+                        "a volume with `export` takes IPv4 target addresses without \
+                         `source@` (the link is the source), found {path}"
+                    ),
+                ));
+            }
+        }
+        Ok(Some(NbdExport {
+            address,
+            link: spec,
+        }))
     }
 }
 
@@ -799,5 +1063,181 @@ paths = ["10.77.0.1", "10.78.0.2@10.78.0.1"]
         );
         let e = error("[[volumes]]\nname = 3\n");
         assert_eq!(e.line, Some(2), "{e}");
+    }
+
+    const NBD: &str = r#"
+[[volumes]]
+name = "db"
+session = "host1-nbd"
+device_path = "vol0"
+paths = ["127.0.0.1"]
+export = "nbd:unix:/run/brick/db.nbd"
+link = "udp:127.0.0.2:4791"
+
+[[volumes]]
+name = "logs"
+session = "host2-nbd"
+device_path = "vol1"
+access_mode = "ro"
+port = 1235
+paths = ["127.0.0.1"]
+export = "nbd:tcp:127.0.0.1:10809"
+link = "udp:127.0.0.3:4791"
+"#;
+
+    #[test]
+    fn test_parse_userspace_volumes() {
+        let config = parse(NBD, "t.toml").unwrap();
+        let db = &config.volumes[0];
+        let export = db.export.as_ref().unwrap();
+        assert_eq!(
+            export.address,
+            ExportAddress::Unix(PathBuf::from("/run/brick/db.nbd"))
+        );
+        assert_eq!(export.address.to_string(), "nbd:unix:/run/brick/db.nbd");
+        assert_eq!(export.link, "udp:127.0.0.2:4791".parse().unwrap());
+        let logs = &config.volumes[1];
+        assert_eq!(
+            logs.export.as_ref().unwrap().address,
+            ExportAddress::Tcp("127.0.0.1:10809".parse().unwrap())
+        );
+        assert_eq!(logs.port, 1235);
+        assert!(db.is_userspace() && logs.is_userspace());
+        assert_eq!(config.userspace_volumes().count(), 2);
+        assert!(config.kernel_only().volumes.is_empty());
+        assert_eq!(config.kernel_only().daemon, config.daemon);
+        // A kernel volume next to them stays the kernel's.
+        let renamed = NBD
+            .replace("name = \"db\"", "name = \"ndb\"")
+            .replace("name = \"logs\"", "name = \"nlogs\"");
+        let mixed = parse(&format!("{GOOD}{renamed}"), "t.toml").unwrap();
+        let kernel_only = mixed.kernel_only();
+        let kernel: Vec<&str> = kernel_only
+            .volumes
+            .iter()
+            .map(|v| v.name.as_str())
+            .collect();
+        assert_eq!(kernel, ["db", "logs"]);
+        // IPv6 loopback is loopback too.
+        let v6 = NBD.replace("127.0.0.1:10809", "[::1]:10809");
+        assert!(parse(&v6, "t.toml").is_ok());
+    }
+
+    #[test]
+    fn test_same_settings_compares_the_export() {
+        let config = parse(NBD, "t.toml").unwrap();
+        let db = &config.volumes[0];
+        let moved = Volume {
+            line: 99,
+            ..db.clone()
+        };
+        assert!(db.same_settings(&moved));
+        let mut other = db.clone();
+        other.export.as_mut().unwrap().address = ExportAddress::Unix("/tmp/x".into());
+        assert!(!db.same_settings(&other));
+        let mut other = db.clone();
+        other.export.as_mut().unwrap().link = "udp:127.0.0.9:4791".parse().unwrap();
+        assert!(!db.same_settings(&other));
+        let mut kernel = db.clone();
+        kernel.export = None;
+        assert!(!db.same_settings(&kernel));
+    }
+
+    #[test]
+    fn test_userspace_volume_errors_name_the_line() {
+        let cases: [(String, usize, &str, &str); 12] = [
+            (
+                NBD.replace("nbd:tcp:127.0.0.1:10809", "nbd:tcp:10.0.0.1:10809"),
+                17,
+                "volumes[1].export",
+                "expected a loopback address",
+            ),
+            (
+                NBD.replace("link = \"udp:127.0.0.3:4791\"\n", ""),
+                17,
+                "volumes[1].link",
+                "needs `link",
+            ),
+            (
+                NBD.replace("export = \"nbd:tcp:127.0.0.1:10809\"\n", ""),
+                17,
+                "volumes[1].link",
+                "found no `export`",
+            ),
+            (
+                NBD.replace("nbd:tcp:127.0.0.1:10809", "nbd:unix:/run/brick/db.nbd"),
+                17,
+                "volumes[1].export",
+                "already the export of volume \"db\" (line 2)",
+            ),
+            (
+                NBD.replace("nbd:tcp:127.0.0.1:10809", "nbd:tcp:127.0.0.1:0"),
+                17,
+                "volumes[1].export",
+                "other than 0",
+            ),
+            (
+                NBD.replace("nbd:tcp:127.0.0.1:10809", "nbd:unix:run/db.nbd"),
+                17,
+                "volumes[1].export",
+                "must be absolute",
+            ),
+            (
+                NBD.replace("nbd:tcp:127.0.0.1:10809", "tcp:127.0.0.1:10809"),
+                17,
+                "volumes[1].export",
+                "expected \"nbd:unix:",
+            ),
+            (
+                NBD.replace("udp:127.0.0.3:4791", "frame:connect:/tmp/a.sock"),
+                18,
+                "volumes[1].link",
+                "IPv4 \"udp:IP[:PORT]\"",
+            ),
+            (
+                NBD.replace("udp:127.0.0.3:4791", "udp:127.0.0.2:4791"),
+                18,
+                "volumes[1].link",
+                "already used by volume \"db\" (line 2)",
+            ),
+            (
+                NBD.replace("udp:127.0.0.3:4791", "bogus"),
+                18,
+                "volumes[1].link",
+                "unknown kind",
+            ),
+            (
+                NBD.replace("\"host2-nbd\"", "\"host1-nbd\""),
+                12,
+                "volumes[1].session",
+                "already used by volume \"db\" (line 2)",
+            ),
+            (
+                NBD.replace(
+                    "port = 1235\npaths = [\"127.0.0.1\"]",
+                    "port = 1235\npaths = [\"127.0.0.1\", \"127.0.0.5@127.0.0.4\"]",
+                ),
+                16,
+                "volumes[1].paths[1]",
+                "without `source@`",
+            ),
+        ];
+        for (source, line, path, message) in cases {
+            let e = error(&source);
+            assert_eq!(e.line, Some(line), "{e}");
+            assert_eq!(e.path, path, "{e}");
+            assert!(e.message.contains(message), "{e}");
+            assert!(e.to_string().starts_with(&format!("t.toml:{line}:")), "{e}");
+        }
+        // A kernel volume may not share a userspace volume's session.
+        let kernel = GOOD
+            .replace("[daemon]\npoll_interval_ms = 500\n", "")
+            .replace("\"host1\"", "\"host1-nbd\"")
+            .replace("name = \"db\"", "name = \"kdb\"")
+            .replace("name = \"logs\"", "name = \"klogs\"");
+        let shared = format!("{NBD}{kernel}");
+        let e = error(&shared);
+        assert_eq!(e.path, "volumes[2].session", "{e}");
+        assert!(e.message.contains("session of its own"), "{e}");
     }
 }

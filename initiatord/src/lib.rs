@@ -16,7 +16,10 @@
 //! implementation), [`fake`] (the simulated kernel), [`observe`] (sysfs ->
 //! [`observe::Observed`]), [`reconcile`] (plan and apply), [`daemon`]
 //! (config in force, reload), [`status`] and [`control`] (the `status`
-//! request over a unix socket). `examples/initiator.toml` is a commented
+//! request over a unix socket). Volumes with `export = "nbd:…"` are not
+//! the kernel's: [`userspace`] maps them with Brick's own initiator and
+//! serves them with the [`nbd`] server (fixed-newstyle NBD over a unix
+//! socket or loopback TCP). `examples/initiator.toml` is a commented
 //! config; `brick-initiatord.service` the systemd unit.
 //!
 //! No unsafe code here; the binary's signal handlers are the only unsafe
@@ -29,10 +32,12 @@ pub mod config;
 pub mod control;
 pub mod daemon;
 pub mod fake;
+pub mod nbd;
 pub mod observe;
 pub mod reconcile;
 pub mod status;
 pub mod sysfs;
+pub mod userspace;
 
 #[cfg(test)]
 mod scenarios;

@@ -31,6 +31,11 @@
 //! * An action that failed, or was accepted without effect, is not tried
 //!   again before `retry_interval_s`.
 //!
+//! Volumes with `export` (userspace volumes, served as NBD by the daemon
+//! itself, see `userspace`) are not the kernel's: [`plan`] and
+//! [`converged`] look only at [`Config::kernel_only`], so such a volume
+//! causes no sysfs write (not even loading the module).
+//!
 //! A second pass over a converged state plans nothing (idempotence): every
 //! rule compares with what sysfs shows, nothing is remembered but attempt
 //! times and how long paths and devices have been down.
@@ -225,6 +230,8 @@ pub fn plan(
     now: Instant,
     options: Options,
 ) -> Plan {
+    // Userspace volumes are served by the daemon, not the rnbd client.
+    let config = &config.kernel_only();
     let mut out = Plan::default();
     let retry = Duration::from_secs(config.daemon.retry_interval_s);
     let reconnect_after = Duration::from_secs(config.daemon.reconnect_after_s);
@@ -639,7 +646,7 @@ pub fn reconcile(
 
 /// Whether every configured volume is mapped, open and linked.
 pub fn converged(config: &Config, observed: &Observed) -> bool {
-    config.volumes.iter().all(|volume| {
+    config.kernel_only().volumes.iter().all(|volume| {
         observed
             .device_for(&volume.session, &volume.device_path)
             .is_some_and(|device| {
@@ -650,4 +657,78 @@ pub fn converged(config: &Config, observed: &Observed) -> bool {
                         .is_some_and(|target| link_device(target) == device.name)
             })
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::parse;
+    use crate::fake::FakeKernel;
+
+    const KERNEL_AND_NBD: &str = r#"
+[[volumes]]
+name = "db"
+session = "host1"
+device_path = "vol0"
+paths = ["10.77.0.1"]
+
+[[volumes]]
+name = "nbd"
+session = "host1-nbd"
+device_path = "vol1"
+paths = ["127.0.0.1"]
+export = "nbd:unix:/run/brick/nbd.sock"
+link = "udp:127.0.0.2:4791"
+"#;
+
+    fn pass(kernel: &mut FakeKernel, config: &Config) -> Pass {
+        reconcile(
+            kernel,
+            config,
+            &mut Memory::default(),
+            Instant::now(),
+            Options::default(),
+            &mut |_| {},
+        )
+        .expect("observe never fails on the fake")
+    }
+
+    #[test]
+    fn test_userspace_volumes_cause_no_sysfs_writes() {
+        let both = parse(KERNEL_AND_NBD, "t.toml").unwrap();
+        let only_nbd = Config {
+            volumes: both.volumes[1..].to_vec(),
+            ..both.clone()
+        };
+        // Alone: not even the module is loaded; converged as far as the
+        // kernel goes.
+        let mut kernel = FakeKernel::new();
+        kernel.export("vol0");
+        kernel.export("vol1");
+        let first = pass(&mut kernel, &only_nbd);
+        assert!(kernel.writes.is_empty(), "{:?}", kernel.writes);
+        assert!(first.applied.is_empty());
+        assert!(converged(&only_nbd, &first.observed));
+
+        // With a kernel volume: only that one is mapped and linked.
+        let second = pass(&mut kernel, &both);
+        assert!(converged(&both, &second.observed));
+        assert_eq!(kernel.device_for("host1", "vol0").as_deref(), Some("rnbd0"));
+        assert_eq!(kernel.device_for("host1-nbd", "vol1"), None);
+        assert_eq!(kernel.link("nbd"), None);
+        assert!(
+            kernel
+                .writes
+                .iter()
+                .all(|(path, value)| !path.contains("host1-nbd")
+                    && !value.contains("host1-nbd")
+                    && !path.ends_with("/nbd")),
+            "{:?}",
+            kernel.writes
+        );
+        // And again: nothing to do.
+        kernel.writes.clear();
+        pass(&mut kernel, &both);
+        assert!(kernel.writes.is_empty(), "{:?}", kernel.writes);
+    }
 }
