@@ -302,7 +302,11 @@ impl Daemon {
                     device_path: volume.device_path.clone(),
                     access_mode: volume.access_mode.to_string(),
                     device: seen.and_then(|v| v.device.clone()),
-                    state: seen.map_or_else(|| "not mapped".to_owned(), |v| v.state.clone()),
+                    state: match seen {
+                        Some(v) => v.state.clone(),
+                        None if volume.is_userspace() => "nbd export".to_owned(),
+                        None => "not mapped".to_owned(),
+                    },
                 }
             })
             .collect()
@@ -331,6 +335,11 @@ impl Daemon {
             }
         };
         let name = entry.volume.name.clone();
+        if entry.volume.is_userspace() {
+            return Err(format!(
+                "map {name}: NBD exports (export = ...) are configured in the config file, not at run time"
+            ));
+        }
         if let Some(existing) = self.config.volume(&name) {
             return Err(if self.is_runtime(&name) {
                 format!("volume {name:?} is already mapped at run time")

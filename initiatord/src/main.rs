@@ -1,16 +1,28 @@
 //! brick-initiatord: keeps rnbd volumes mapped as /etc/brick/initiator.toml says.
 //!
-//! `brick-initiatord [--config FILE] [--once] [--force] [--check] [--socket PATH]`
+//! `brick-initiatord [--config FILE] [--once] [--force] [--check] [--socket PATH] [--state FILE]`
 //! `brick-initiatord status [--json] [--socket PATH]` (asks the running daemon)
 //!
 //! Loads the config (refusing a bad one with its line), then every
 //! `poll_interval_ms` compares sysfs with it and acts (see the library's
 //! `reconcile` module). SIGHUP re-reads the config (a bad file is logged and
 //! the old one stays in force); SIGTERM/SIGINT stop the daemon, leaving the
-//! mappings as they are. `status` requests are answered on a unix socket
-//! (`/run/brick-initiatord.sock`). Logs go to stderr, one line per action with its
+//! mappings as they are. Requests (`status`, `list`, `map`, `unmap`: the
+//! `brick` command's) are answered on a unix socket
+//! (`/run/brick-initiatord.sock`); volumes added with `brick map` are kept
+//! in the state file (`--state`, under `/run`) so a restarted daemon keeps
+//! them (library module `daemon`). Logs go to stderr, one line per action with its
 //! reason. Exit status: 0 on a clean stop (or `--once` converged), 1 when
 //! `--once` could not map everything, 2 for a bad config or command line.
+//!
+//! Volumes with `export = "nbd:…"` are not the kernel's: the daemon maps
+//! them with Brick's userspace initiator and serves them as NBD exports
+//! (library module `userspace`), started with the daemon, restarted or
+//! stopped on SIGHUP as the config changes, and closed on SIGTERM/SIGINT
+//! (listeners closed, unix socket files removed, sessions closed).
+//! `--once` does not serve them (they need the running daemon): it says so
+//! and handles the kernel volumes only; with nothing but NBD exports
+//! configured it exits 1.
 //!
 //! Unsafe lives in: `signals` (installing the handlers with `sigaction`).
 
@@ -19,16 +31,16 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand};
 use initiatord::config::DEFAULT_CONFIG_PATH;
 use initiatord::control::{self, ControlServer, DEFAULT_SOCKET};
-use initiatord::daemon::Daemon;
-use initiatord::observe::Observed;
+use initiatord::daemon::{Daemon, DEFAULT_STATE};
 use initiatord::reconcile::{converged, Options};
-use initiatord::status::Status;
 use initiatord::sysfs::HostSysfs;
+use initiatord::userspace::{Exports, Tuning};
 
 use hal::hosted::signals;
 
@@ -44,7 +56,8 @@ struct Args {
     #[arg(long, default_value = DEFAULT_CONFIG_PATH)]
     config: PathBuf,
     /// Map what is missing, then exit (0 if every volume is mapped, open
-    /// and linked, 1 otherwise).
+    /// and linked, 1 otherwise). NBD exports are not served (they need
+    /// the running daemon); with only NBD exports configured, exit 1.
     #[arg(long)]
     once: bool,
     /// Unmap volumes removed from the config even if open or mounted.
@@ -56,6 +69,9 @@ struct Args {
     /// The control socket.
     #[arg(long, global = true, default_value = DEFAULT_SOCKET)]
     socket: PathBuf,
+    /// Where volumes added with `brick map` are kept.
+    #[arg(long, default_value = DEFAULT_STATE)]
+    state: PathBuf,
     /// Root of the file system to manage (tests; default `/`).
     #[arg(long, default_value = "/", hide = true)]
     root: PathBuf,
@@ -111,23 +127,52 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    let exported: Vec<String> = daemon
+        .config
+        .userspace_volumes()
+        .map(|v| v.name.clone())
+        .collect();
     if args.check {
         log(&format!(
-            "{}: ok, {} volume(s)",
+            "{}: ok, {} volume(s), {} of them NBD export(s)",
             args.config.display(),
-            daemon.config.volumes.len()
+            daemon.config.volumes.len(),
+            exported.len()
         ));
         return ExitCode::SUCCESS;
     }
+    match daemon.with_state(&args.state) {
+        Ok(superseded) if !superseded.is_empty() => log(&format!(
+            "run-time volumes {superseded:?} dropped from {}: the config file names them now",
+            args.state.display()
+        )),
+        Ok(_) => {}
+        Err(e) => {
+            log(&format!("state file refused: {e}"));
+            return ExitCode::from(2);
+        }
+    }
     let mut sysfs = HostSysfs::with_root(&args.root);
     log(&format!(
-        "started: config {}, {} volume(s){}",
+        "started: config {}, {} volume(s), {} of them NBD export(s){}",
         args.config.display(),
         daemon.config.volumes.len(),
+        exported.len(),
         if args.force { ", --force" } else { "" }
     ));
 
     if args.once {
+        if !exported.is_empty() {
+            log(&format!(
+                "--once does not serve NBD exports (they need the running daemon); \
+                 not serving {}",
+                exported.join(", ")
+            ));
+            if exported.len() == daemon.config.volumes.len() {
+                log("--once: every configured volume is an NBD export; nothing to do");
+                return ExitCode::from(1);
+            }
+        }
         return match daemon.tick(&mut sysfs, Instant::now(), &mut log) {
             Ok(pass) if converged(&daemon.config, &pass.observed) => {
                 log("all volumes mapped");
@@ -155,24 +200,42 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    let mut status = Status::new(&daemon.config, &Observed::default(), &[]);
+    let mut exports = Exports::new(Arc::new(log), Tuning::default());
     while !signals::STOP.load(Ordering::SeqCst) {
+        // Userspace volumes: start, restart or stop NBD exports as the
+        // config in force says (a no-op when it did not change).
+        let summary = exports.apply(&daemon.config);
+        if !summary.is_empty() {
+            log(&format!(
+                "NBD exports: started {:?}, restarted {:?}, stopped {:?}",
+                summary.started, summary.restarted, summary.stopped
+            ));
+        }
         if signals::RELOAD.swap(false, Ordering::SeqCst) {
             match daemon.reload() {
                 Ok(summary) => log(&format!(
-                    "SIGHUP: config reloaded ({} volume(s); added {:?}, removed {:?}, changed {:?})",
+                    "SIGHUP: config reloaded ({} volume(s); added {:?}, removed {:?}, changed {:?}{})",
                     daemon.config.volumes.len(),
                     summary.added,
                     summary.removed,
-                    summary.changed
+                    summary.changed,
+                    if summary.superseded.is_empty() {
+                        String::new()
+                    } else {
+                        format!(
+                            "; run-time volumes {:?} now come from the config file",
+                            summary.superseded
+                        )
+                    }
                 )),
                 Err(e) => log(&format!("SIGHUP: new config refused, keeping the old one: {e}")),
             }
+            continue;
         }
-        match daemon.tick(&mut sysfs, Instant::now(), &mut log) {
-            Ok(pass) => status = Status::new(&daemon.config, &pass.observed, &pass.notices),
-            Err(e) => log(&format!("cannot read sysfs: {e}")),
+        if let Err(e) = daemon.tick(&mut sysfs, Instant::now(), &mut log) {
+            log(&format!("cannot read sysfs: {e}"));
         }
+        daemon.status.exports = exports.status();
         // Sleep in short slices so a signal is acted on promptly
         // (`thread::sleep` resumes after EINTR).
         let deadline =
@@ -182,14 +245,14 @@ fn main() -> ExitCode {
             && !signals::RELOAD.load(Ordering::SeqCst)
         {
             server.poll(&mut |request| {
-                control::answer(
-                    request,
-                    || status.to_json(),
-                    || status.to_string().trim_end().to_owned(),
-                )
+                daemon.answer(request, &mut sysfs, Instant::now(), &mut |line| log(line))
             });
             std::thread::sleep(Duration::from_millis(50).min(deadline - Instant::now()));
         }
+    }
+    if !exports.is_empty() {
+        log("stopping on signal: closing the NBD exports");
+        exports.stop_all();
     }
     log("stopping on signal; mappings are left as they are");
     ExitCode::SUCCESS

@@ -9,6 +9,7 @@ use serde::Serialize;
 
 use crate::config::Config;
 use crate::observe::{link_device, DeviceState, Observed};
+use crate::userspace::ExportStatus;
 
 /// [`VolumeStatus::origin`] of a volume from the config file.
 pub const ORIGIN_CONFIG: &str = "config";
@@ -18,10 +19,13 @@ pub const ORIGIN_RUNTIME: &str = "runtime";
 /// The daemon's report.
 #[derive(Clone, PartialEq, Eq, Debug, Serialize)]
 pub struct Status {
-    /// Every configured volume is mapped, open and linked.
+    /// Every kernel volume is mapped, open and linked.
     pub converged: bool,
-    /// One entry per configured volume, in config order.
+    /// One entry per volume the kernel maps (rnbd), in config order.
     pub volumes: Vec<VolumeStatus>,
+    /// One entry per NBD export (volumes Brick's userspace initiator
+    /// maps), in config order; filled in by the daemon's loop.
+    pub exports: Vec<ExportStatus>,
     /// What the daemon leaves as it is on purpose, and why.
     pub notices: Vec<String>,
 }
@@ -58,11 +62,13 @@ pub struct PathStatus {
 }
 
 impl Status {
-    /// The report for `config` as `observed` shows it.
+    /// The report for `config`'s kernel volumes as `observed` shows them
+    /// (no exports yet).
     pub fn new(config: &Config, observed: &Observed, notices: &[String]) -> Self {
         let volumes: Vec<VolumeStatus> = config
             .volumes
             .iter()
+            .filter(|volume| !volume.is_userspace())
             .map(|volume| {
                 let device = observed.device_for(&volume.session, &volume.device_path);
                 let state = match device.map(|d| d.state) {
@@ -108,6 +114,7 @@ impl Status {
         Self {
             converged,
             volumes,
+            exports: Vec::new(),
             notices: notices.to_vec(),
         }
     }
@@ -149,6 +156,29 @@ impl fmt::Display for Status {
                     }
                 )?;
             }
+        }
+        for e in &self.exports {
+            writeln!(
+                f,
+                "{:<16} nbd {} {}, {}; {} connections, {} requests, {} B read, {} B written, {} errors{}",
+                e.name,
+                e.address,
+                if e.listening { "listening" } else { "not listening" },
+                if e.session_connected {
+                    "session up"
+                } else {
+                    "session down"
+                },
+                e.connections,
+                e.requests,
+                e.bytes_read,
+                e.bytes_written,
+                e.errors,
+                e.last_error
+                    .as_ref()
+                    .map(|error| format!("; last error: {error}"))
+                    .unwrap_or_default()
+            )?;
         }
         for notice in &self.notices {
             writeln!(f, "note: {notice}")?;
@@ -193,7 +223,7 @@ mod tests {
              \"state\":\"open\",\"linked\":true,\"paths\":[{\"path\":\"ip:10.0.0.2@ip:10.0.0.1\",\"connected\":true}]},\
              {\"name\":\"gone\",\"session\":\"s\",\"device_path\":\"vol9\",\"origin\":\"config\",\"device\":null,\
              \"state\":\"not mapped\",\"linked\":false,\"paths\":[{\"path\":\"ip:10.0.0.2@ip:10.0.0.1\",\"connected\":true}]}],\
-             \"notices\":[]}"
+             \"exports\":[],\"notices\":[]}"
         );
         let text = status.to_string();
         assert!(
@@ -204,5 +234,50 @@ mod tests {
             text.contains("gone             -          not mapped  missing  s/vol9"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn test_status_shows_nbd_exports_apart_from_kernel_volumes() {
+        let config = parse(
+            "[[volumes]]\nname = \"db\"\nsession = \"s\"\ndevice_path = \"vol0\"\npaths = [\"10.0.0.1\"]\n\n\
+             [[volumes]]\nname = \"n\"\nsession = \"u\"\ndevice_path = \"vol1\"\npaths = [\"127.0.0.1\"]\n\
+             export = \"nbd:unix:/run/brick/n.nbd\"\nlink = \"udp:127.0.0.2:4791\"\n",
+            "t.toml",
+        )
+        .unwrap();
+        let mut kernel = FakeKernel::new();
+        kernel.export("vol0");
+        reconcile(
+            &mut kernel,
+            &config,
+            &mut Memory::default(),
+            std::time::Instant::now(),
+            Options::default(),
+            &mut |_| {},
+        )
+        .unwrap();
+        let mut status = Status::new(&config, &observe(&kernel).unwrap(), &[]);
+        // The export is not a kernel volume: converged without it.
+        assert!(status.converged);
+        assert_eq!(status.volumes.len(), 1);
+        status.exports.push(ExportStatus {
+            name: "n".into(),
+            address: "nbd:unix:/run/brick/n.nbd".into(),
+            listening: true,
+            session_connected: true,
+            client_connected: false,
+            connections: 2,
+            requests: 10,
+            bytes_read: 4096,
+            bytes_written: 8192,
+            errors: 1,
+            last_error: Some("past the end".into()),
+        });
+        let text = status.to_string();
+        assert!(
+            text.contains("n                nbd nbd:unix:/run/brick/n.nbd listening, session up; 2 connections, 10 requests, 4096 B read, 8192 B written, 1 errors; last error: past the end"),
+            "{text}"
+        );
+        assert!(status.to_json().contains("\"exports\":[{\"name\":\"n\",\"address\":\"nbd:unix:/run/brick/n.nbd\",\"listening\":true"));
     }
 }
