@@ -426,12 +426,14 @@ pub fn build_hostile_probe() -> Result<PathBuf> {
     Ok(crate::paths::repo().join("target/release/examples/hostile_probe"))
 }
 
-/// Builds `brick-initiatord` (release) statically linked for the guest,
-/// in `target/static` so the host build cache is not invalidated; the
-/// RUSTFLAGS apply to the target triple only (build scripts and proc
-/// macros stay dynamic). Returns the binary's path.
-pub fn build_initiatord() -> Result<PathBuf> {
-    step("building brick-initiatord (release, static)");
+/// Builds the client tools for the initiator VM, statically linked:
+/// `brick-initiatord` and the `brick` command (its `status`, `list`,
+/// `map`, `unmap` talk to the daemon), in `target/static` so the host
+/// build cache is not invalidated; the RUSTFLAGS apply to the target
+/// triple only (build scripts and proc macros stay dynamic). Returns the
+/// two paths, daemon first.
+pub fn build_static_client_tools() -> Result<(PathBuf, PathBuf)> {
+    step("building brick-initiatord and brick (release, static)");
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let triple = "x86_64-unknown-linux-gnu";
     crate::util::run(
@@ -444,18 +446,22 @@ pub fn build_initiatord() -> Result<PathBuf> {
                 "CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUSTFLAGS",
                 "-C target-feature=+crt-static",
             )
-            .args(["build", "--release", "-p", "brick-initiatord"])
+            .args(["build", "--release"])
+            .args(["-p", "brick-initiatord", "--bin", "brick-initiatord"])
+            .args(["-p", "brick-cli", "--bin", "brick"])
             .args(["--target", triple, "--target-dir", "target/static"]),
     )?;
-    let binary =
-        crate::paths::repo().join(format!("target/static/{triple}/release/brick-initiatord"));
-    if elf_interpreter(&binary)? {
-        bail!(
-            "{} is not statically linked: it names a program interpreter (PT_INTERP)",
-            binary.display()
-        );
+    let release = crate::paths::repo().join(format!("target/static/{triple}/release"));
+    let (daemon, cli) = (release.join("brick-initiatord"), release.join("brick"));
+    for binary in [&daemon, &cli] {
+        if elf_interpreter(binary)? {
+            bail!(
+                "{} is not statically linked: it names a program interpreter (PT_INTERP)",
+                binary.display()
+            );
+        }
     }
-    Ok(binary)
+    Ok((daemon, cli))
 }
 
 /// Whether the ELF64 executable at `path` names a program interpreter
