@@ -48,6 +48,10 @@ impl Loopback {
             state.queues[1].push_used(&self.memory, u32::from(head), 0);
             count += 1;
         }
+        drop(state);
+        if count > 0 {
+            self.transport.interrupt_if_wanted(&self.memory, 1);
+        }
         count
     }
 
@@ -72,6 +76,10 @@ impl Loopback {
             let len = (HEADER_LEN + frame.len()) as u32;
             state.queues[0].push_used(&self.memory, u32::from(head), len);
             count += 1;
+        }
+        drop(state);
+        if count > 0 {
+            self.transport.interrupt_if_wanted(&self.memory, 0);
         }
         count
     }
@@ -375,6 +383,75 @@ fn full_tx_queue_is_busy_until_reclaimed() {
     net.transmit(&frame(99, 64), &[]).unwrap();
     assert_eq!(net.tx_in_flight(), 1);
     assert_eq!(net.stats().tx_busy, 1);
+}
+
+#[test]
+fn rx_interrupt_wakes_only_while_enabled_and_is_acknowledged() {
+    let (mut net, mut device) = setup();
+    // Polling: frames raise no interrupt.
+    net.transmit(&frame(1, 60), &[]).unwrap();
+    net.flush();
+    device.process_tx();
+    device.process_rx();
+    assert!(!device.transport.line_asserted());
+    // A frame waiting when the owner wants to sleep: do not sleep.
+    assert!(net.enable_rx_interrupt());
+    assert_eq!(receive_all(&mut net), vec![frame(1, 60)]);
+    assert!(!net.enable_rx_interrupt(), "ring empty: safe to sleep");
+    // Sleeping: a frame asserts the line...
+    net.transmit(&frame(2, 60), &[]).unwrap();
+    net.flush();
+    device.process_tx();
+    assert!(
+        !device.transport.line_asserted(),
+        "TX completions never interrupt"
+    );
+    device.process_rx();
+    assert!(device.transport.line_asserted());
+    // ...and waking suppresses interrupts and de-asserts it.
+    assert!(net.disable_rx_interrupt());
+    assert!(!device.transport.line_asserted());
+    assert_eq!(net.stats().rx_interrupts, 1);
+    net.transmit(&frame(3, 60), &[]).unwrap();
+    net.flush();
+    device.process_tx();
+    device.process_rx();
+    assert!(!device.transport.line_asserted(), "suppressed again");
+    assert_eq!(receive_all(&mut net), vec![frame(2, 60), frame(3, 60)]);
+    // A line left asserted (an interrupt raced the disable) is cleared
+    // before the next sleep, so it cannot wake that sleep at once.
+    device.transport.0.borrow_mut().isr = 1;
+    assert!(!net.enable_rx_interrupt());
+    assert!(!device.transport.line_asserted());
+    assert!(!net.disable_rx_interrupt());
+    assert_eq!(device.transport.0.borrow().interrupts, vec![1, 0]);
+}
+
+#[test]
+fn enabling_the_rx_interrupt_publishes_reposted_buffers() {
+    let (mut net, mut device) = setup();
+    let posted = device.transport.0.borrow().queues[0].avail_pending(&device.memory);
+    // Fewer frames than a publish batch: their buffers are re-posted but
+    // not yet published.
+    for seq in 0..3 {
+        net.transmit(&frame(seq, 60), &[]).unwrap();
+    }
+    net.flush();
+    device.process_tx();
+    device.process_rx();
+    for _ in 0..3 {
+        // Not `receive_all`: the empty poll at its end would publish.
+        assert!(net.receive(|_| ()).unwrap().is_some());
+    }
+    let before = device.transport.0.borrow().queues[0].avail_pending(&device.memory);
+    assert_eq!(before, posted - 3, "re-posted, not yet published");
+    assert!(!net.enable_rx_interrupt());
+    let pending = device.transport.0.borrow().queues[0].avail_pending(&device.memory);
+    assert_eq!(
+        pending, posted,
+        "every buffer is the device's before sleeping"
+    );
+    net.disable_rx_interrupt();
 }
 
 #[test]

@@ -63,6 +63,13 @@ fn capabilities_locate_the_blocks() {
     assert_eq!(regions.notify_off_multiplier, 4);
     assert_eq!(regions.device, 0xfe00_2000);
     assert_eq!(regions.device_len, 0x100);
+    assert_eq!((regions.isr, regions.isr_len), (0xfe00_2800, 1));
+    let without_isr: Vec<_> = capabilities()
+        .into_iter()
+        .filter(|c| c.cfg_type != CapabilityType::Isr)
+        .collect();
+    let regions = PciRegions::from_capabilities(&bars, &without_isr).unwrap();
+    assert_eq!((regions.isr, regions.isr_len), (0, 0), "ISR is optional");
     let without_notify: Vec<_> = capabilities()
         .into_iter()
         .filter(|c| c.cfg_type != CapabilityType::Notify)
@@ -119,6 +126,10 @@ fn registers_are_written_at_the_spec_offsets() {
     transport.notify(5);
     assert_eq!(bar.read_u16(0x1000), 1);
 
+    // The ISR byte at 0x2800: read (and, on a device, cleared) as is.
+    bar.0[0x2800 / 8] = 3;
+    assert_eq!(transport.read_isr(), 3);
+
     assert_eq!(transport.read_config_u32(0x10), 0);
     assert_eq!(transport.read_config_u32(0x100), 0, "beyond the block");
     assert_eq!(transport.read_config_u8(0x100), 0, "beyond the block");
@@ -134,6 +145,8 @@ fn short_common_block_is_refused() {
         notify_off_multiplier: 4,
         device: 0x3000,
         device_len: 0x10,
+        isr: 0x4000,
+        isr_len: 1,
     };
     // SAFETY: refused before any access.
     assert!(unsafe { PciTransport::new(regions) }.is_none());

@@ -1,6 +1,7 @@
 //! The split virtqueue alone, against the mock device side: descriptor
-//! layout, free list, index wrap-around, notification suppression and a
-//! device that lies.
+//! layout, free list, index wrap-around, notification suppression, the
+//! used-buffer interrupt enable/disable with its re-check, and a device
+//! that lies.
 
 #[path = "common/virtio_mock.rs"]
 mod mock;
@@ -136,6 +137,119 @@ fn kick_respects_no_notify_and_only_after_publishing() {
     );
 }
 
+/// The avail ring's flags as the device reads them.
+fn avail_flags(transport: &MockTransport, memory: &Memory) -> u16 {
+    let addresses = device(transport).addresses.unwrap();
+    memory.read_u16(addresses.driver)
+}
+
+#[test]
+fn interrupts_start_suppressed_and_toggle() {
+    let (mut queue, transport, memory) = setup(8);
+    assert_eq!(avail_flags(&transport, &memory), 1, "NO_INTERRUPT at start");
+    assert!(!queue.interrupts_enabled());
+    assert!(!queue.enable_interrupts(), "nothing used: safe to sleep");
+    assert_eq!(avail_flags(&transport, &memory), 0);
+    assert!(queue.interrupts_enabled());
+    assert!(!queue.enable_interrupts(), "idempotent");
+    queue.disable_interrupts();
+    assert_eq!(avail_flags(&transport, &memory), 1);
+    assert!(!queue.interrupts_enabled());
+    queue.disable_interrupts();
+    assert_eq!(avail_flags(&transport, &memory), 1, "idempotent");
+    // The flag shares the ring with the index: publishing keeps it.
+    queue.push(&[segment(0, 1, true)]).unwrap();
+    queue.publish();
+    assert_eq!(avail_flags(&transport, &memory), 1);
+    assert!(!queue.enable_interrupts());
+    queue.push(&[segment(0, 1, true)]).unwrap();
+    queue.publish();
+    assert_eq!(avail_flags(&transport, &memory), 0);
+    assert_eq!(device(&transport).avail_pending(&memory), 2);
+}
+
+#[test]
+fn enabling_interrupts_reports_entries_returned_while_suppressed() {
+    let (mut queue, transport, memory) = setup(8);
+    let head = queue.push(&[segment(0x10, 64, true)]).unwrap();
+    queue.publish();
+    // The device returns the buffer while interrupts are suppressed: no
+    // interrupt...
+    {
+        let mut device = device(&transport);
+        device.pop_avail(&memory).unwrap();
+        device.push_used(&memory, u32::from(head), 64);
+    }
+    assert!(!transport.interrupt_if_wanted(&memory, 0));
+    // ...so enabling them must say "do not sleep".
+    assert!(queue.enable_interrupts());
+    assert!(queue.enable_interrupts(), "until the entry is consumed");
+    assert_eq!(
+        queue.pop_used(),
+        Some(UsedElement {
+            head,
+            len: Some(64)
+        })
+    );
+    assert!(!queue.enable_interrupts());
+    // A buffer returned now interrupts.
+    let head = queue.push(&[segment(0x10, 64, true)]).unwrap();
+    queue.publish();
+    {
+        let mut device = device(&transport);
+        device.pop_avail(&memory).unwrap();
+        device.push_used(&memory, u32::from(head), 1);
+    }
+    assert!(transport.interrupt_if_wanted(&memory, 0));
+    assert_eq!(transport.0.borrow().interrupts[0], 1);
+}
+
+/// Where the device's completion falls relative to the driver's steps
+/// before sleeping.
+#[derive(Clone, Copy, Debug)]
+enum Race {
+    /// Before `enable_interrupts` (flag still set).
+    BeforeEnable,
+    /// After it (flag clear) and before the driver would sleep.
+    AfterEnable,
+    /// None.
+    Never,
+}
+
+#[test]
+fn no_wake_up_is_lost_whatever_the_order() {
+    for race in [Race::BeforeEnable, Race::AfterEnable, Race::Never] {
+        let (mut queue, transport, memory) = setup(8);
+        let head = queue.push(&[segment(0x10, 64, true)]).unwrap();
+        queue.publish();
+        let complete = || {
+            let mut device = device(&transport);
+            device.pop_avail(&memory).unwrap();
+            device.push_used(&memory, u32::from(head), 8);
+            drop(device);
+            transport.interrupt_if_wanted(&memory, 0)
+        };
+        let mut interrupted = false;
+        if let Race::BeforeEnable = race {
+            interrupted |= complete();
+        }
+        let waiting = queue.enable_interrupts();
+        if let Race::AfterEnable = race {
+            interrupted |= complete();
+        }
+        let completed = !matches!(race, Race::Never);
+        // The driver sleeps unless entries were waiting; a completion then
+        // must have raised the interrupt that wakes it.
+        if completed {
+            assert!(waiting || interrupted, "{race:?}: lost wake-up");
+        } else {
+            assert!(!waiting && !interrupted, "{race:?}: spurious");
+        }
+        queue.disable_interrupts();
+        assert_eq!(queue.pop_used().is_some(), completed, "{race:?}");
+    }
+}
+
 #[test]
 fn lying_device_is_counted_and_ignored() {
     let (mut queue, transport, memory) = setup(8);
@@ -217,6 +331,10 @@ enum Step {
     Garbage(u32, u32),
     /// The device moves its used index by this much without entries.
     Jump(u16),
+    /// The driver enables used-buffer interrupts (before sleeping).
+    EnableInterrupts,
+    /// The driver suppresses them again.
+    DisableInterrupts,
 }
 
 fn step() -> impl proptest::strategy::Strategy<Value = Step> {
@@ -228,6 +346,8 @@ fn step() -> impl proptest::strategy::Strategy<Value = Step> {
         4 => (0u32..200).prop_map(Step::Complete),
         1 => (any::<u32>(), any::<u32>()).prop_map(|(id, len)| Step::Garbage(id % 40, len)),
         1 => any::<u16>().prop_map(Step::Jump),
+        1 => Just(Step::EnableInterrupts),
+        1 => Just(Step::DisableInterrupts),
     ]
 }
 
@@ -267,7 +387,21 @@ proptest::proptest! {
                     let index = device.used_idx;
                     device.publish_used(&memory, index);
                 }
+                Step::EnableInterrupts => {
+                    let waiting = queue.enable_interrupts();
+                    assert_eq!(waiting, queue.has_used());
+                    assert_eq!(avail_flags(&transport, &memory), 0);
+                }
+                Step::DisableInterrupts => {
+                    queue.disable_interrupts();
+                    assert_eq!(avail_flags(&transport, &memory), 1);
+                }
             }
+            // The flag always says what the queue thinks it says.
+            assert_eq!(
+                avail_flags(&transport, &memory) == 0,
+                queue.interrupts_enabled()
+            );
             let busy: u16 = in_flight.values().sum();
             assert_eq!(queue.free_descriptors() + busy, 16);
         }

@@ -1,8 +1,11 @@
 //! Polled virtio drivers: split virtqueues, virtio-net and virtio-blk.
 //!
 //! VIRTIO 1.1 (<https://docs.oasis-open.org/virtio/virtio/v1.1/virtio-v1.1.html>),
-//! modern devices only (`VIRTIO_F_VERSION_1`), no interrupts: the image's
-//! loop polls the used rings. Layers, each testable on the host:
+//! modern devices only (`VIRTIO_F_VERSION_1`), polled: the image's loop
+//! polls the used rings and does all the work there. The one use of
+//! interrupts is waking a halted CPU when a frame arrives (virtio-net's RX
+//! queue, INTx: [`net::VirtioNet::enable_rx_interrupt`]). Layers, each
+//! testable on the host:
 //!
 //! * [`transport::VirtioTransport`]: the device's registers (common
 //!   configuration, notification, device configuration) as a small trait.

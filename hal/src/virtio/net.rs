@@ -31,6 +31,18 @@
 //! before idling**, or the last frames of a burst wait for the next
 //! receive. Finished chains are reclaimed when transmit needs room and on
 //! every receive.
+//!
+//! # Waking on receive
+//!
+//! The driver is polled, but an owner that halts the CPU when idle can
+//! ask for one interrupt when a frame arrives:
+//! [`VirtioNet::enable_rx_interrupt`] before sleeping (it reports frames
+//! that are already waiting, which raised no interrupt) and
+//! [`VirtioNet::disable_rx_interrupt`] once awake. Both read the ISR,
+//! which de-asserts the device's INTx line, so a line asserted for an
+//! earlier frame neither wakes the next sleep at once nor stays raised
+//! while the loop polls. The TX queue never interrupts: finished chains
+//! only free descriptors, and they are reclaimed while polling.
 
 use alloc::vec::Vec;
 
@@ -61,6 +73,9 @@ pub const TX_KICK_BATCH: u32 = 32;
 pub const MAX_TX_SEGMENTS: usize = 16;
 /// Zero-copy windows a driver remembers.
 pub const MAX_WINDOWS: usize = 4;
+
+/// ISR status bit 0: a queue interrupt (§4.1.4.5).
+const ISR_QUEUE: u8 = 1;
 
 const RX_QUEUE: u16 = 0;
 const TX_QUEUE: u16 = 1;
@@ -118,6 +133,9 @@ pub struct NetStats {
     pub rx_queue: QueueStats,
     /// The TX queue's counters.
     pub tx_queue: QueueStats,
+    /// Times [`VirtioNet::disable_rx_interrupt`] found the device's
+    /// queue interrupt bit set (wake-ups by a frame, roughly).
+    pub rx_interrupts: u64,
 }
 
 /// A polled virtio-net device.
@@ -286,6 +304,33 @@ impl<T: VirtioTransport> VirtioNet<T> {
     /// The transport (for the owner's diagnostics).
     pub fn transport(&self) -> &T {
         &self.transport
+    }
+
+    /// Asks for an interrupt when the next frame arrives, before the owner
+    /// sleeps: publishes re-posted RX buffers and rings pending doorbells
+    /// ([`flush`](Self::flush)), reads the ISR (de-asserting a line still
+    /// raised for an earlier frame), then enables the RX queue's
+    /// used-buffer interrupts and checks the ring again. Returns `true`
+    /// if frames are already waiting: they raised no interrupt, so the
+    /// owner must poll them instead of sleeping (interrupts stay enabled
+    /// until [`disable_rx_interrupt`](Self::disable_rx_interrupt)).
+    #[must_use = "frames already waiting raised no interrupt: poll them before sleeping"]
+    pub fn enable_rx_interrupt(&mut self) -> bool {
+        self.flush();
+        self.transport.read_isr();
+        self.rx.enable_interrupts()
+    }
+
+    /// Suppresses RX interrupts again once awake (so the busy loop is not
+    /// interrupted) and reads the ISR, de-asserting the line if this
+    /// device raised it. Returns whether the ISR's queue bit was set.
+    pub fn disable_rx_interrupt(&mut self) -> bool {
+        self.rx.disable_interrupts();
+        let raised = self.transport.read_isr() & ISR_QUEUE != 0;
+        if raised {
+            self.stats.rx_interrupts += 1;
+        }
+        raised
     }
 
     /// Posts the RX buffer of the next free descriptor; `false` if none.

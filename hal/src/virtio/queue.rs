@@ -38,9 +38,24 @@
 //! the size a power of two (so the wrap at 65536 keeps positions
 //! continuous).
 //!
-//! Interrupts are suppressed (`VIRTQ_AVAIL_F_NO_INTERRUPT`): drivers poll.
-//! Notifications honour `VIRTQ_USED_F_NO_NOTIFY`; event indices are not
-//! negotiated.
+//! # Interrupts
+//!
+//! Drivers poll: a queue starts with used-buffer notifications suppressed
+//! (`VIRTQ_AVAIL_F_NO_INTERRUPT`, §2.6.7). An owner that wants to sleep
+//! until the device returns a buffer (the image's idle path, for RX)
+//! calls [`SplitQueue::enable_interrupts`], which clears the flag, then
+//! re-reads the used index after a full fence and reports entries that
+//! are already waiting: a buffer the device returned before it could see
+//! the cleared flag raised no interrupt, so the caller must not sleep on
+//! it. [`SplitQueue::disable_interrupts`] suppresses them again once
+//! awake, so the busy loop is not interrupted. The flag is a hint
+//! (§2.6.7.2: with it set the device "SHOULD NOT send a notification"),
+//! which is enough: an interrupt only wakes the loop, which polls anyway.
+//! This is the re-check loop of §2.6.14, split between the two calls.
+//!
+//! Notifications honour `VIRTQ_USED_F_NO_NOTIFY`; event indices
+//! (`VIRTIO_F_EVENT_IDX`) are not negotiated, so the flags are the whole
+//! mechanism in both directions.
 
 use alloc::vec;
 use alloc::vec::Vec;
@@ -141,6 +156,8 @@ pub struct SplitQueue {
     unnotified: bool,
     /// The next used index to consume.
     last_used: u16,
+    /// Whether `VIRTQ_AVAIL_F_NO_INTERRUPT` is clear (interrupts wanted).
+    interrupts: bool,
     stats: QueueStats,
 }
 
@@ -181,6 +198,7 @@ impl SplitQueue {
             published_idx: 0,
             unnotified: false,
             last_used: 0,
+            interrupts: false,
             stats: QueueStats::default(),
         })
     }
@@ -316,6 +334,43 @@ impl SplitQueue {
     /// out to be bogus).
     pub fn has_used(&self) -> bool {
         self.used.read_u16(2) != self.last_used
+    }
+
+    /// Asks the device to interrupt when it returns a buffer (clears
+    /// `VIRTQ_AVAIL_F_NO_INTERRUPT`), then checks the used ring again.
+    /// Returns `true` if used entries are already waiting: the device may
+    /// have returned them before it saw the flag, without an interrupt,
+    /// so the caller must poll instead of sleeping. `false` means that
+    /// the next buffer the device returns will interrupt (while the flag
+    /// stays clear).
+    ///
+    /// A full fence orders the flag's store before the used index's load;
+    /// the device stores the used index before it reads the flag, so
+    /// either it sees the flag clear (and interrupts) or we see its entry
+    /// (§2.6.14).
+    #[must_use = "entries already waiting raised no interrupt: poll them before sleeping"]
+    pub fn enable_interrupts(&mut self) -> bool {
+        if !self.interrupts {
+            self.avail.write_u16(0, 0);
+            self.interrupts = true;
+        }
+        fence(Ordering::SeqCst);
+        self.has_used()
+    }
+
+    /// Suppresses used-buffer interrupts again (sets
+    /// `VIRTQ_AVAIL_F_NO_INTERRUPT`): the state after [`new`](Self::new).
+    pub fn disable_interrupts(&mut self) {
+        if self.interrupts {
+            self.avail.write_u16(0, AVAIL_F_NO_INTERRUPT);
+            self.interrupts = false;
+        }
+    }
+
+    /// Whether used-buffer interrupts are enabled
+    /// ([`enable_interrupts`](Self::enable_interrupts)).
+    pub fn interrupts_enabled(&self) -> bool {
+        self.interrupts
     }
 
     /// Takes the next finished chain from the used ring and frees its

@@ -5,9 +5,17 @@
 //! blocks through vendor capabilities, each somewhere in a BAR: common
 //! configuration (features, status, queue setup), notification (one
 //! doorbell per queue at `queue_notify_off * notify_off_multiplier`), ISR
-//! status (interrupts: unused, we poll) and device-specific configuration
-//! (MAC, capacity…). The trait covers what the drivers use, at the level of
-//! the common-configuration fields, so the mock in the tests stays small.
+//! status and device-specific configuration (MAC, capacity…). The trait
+//! covers what the drivers use, at the level of the common-configuration
+//! fields, so the mock in the tests stays small.
+//!
+//! Interrupts: drivers poll, and an interrupt only wakes a halted CPU.
+//! MSI-X stays disabled (nothing sets its enable bit) and every MSI-X
+//! vector is `VIRTIO_MSI_NO_VECTOR`, so a device that interrupts uses the
+//! legacy INTx line (§4.1.5.3, §4.1.5.4): it asserts the line with ISR
+//! bit 0 (a used buffer) or bit 1 (a configuration change), and reading
+//! the ISR register ([`VirtioTransport::read_isr`]) clears the bits and
+//! de-asserts the line.
 //!
 //! [`PciTransport`] is the one place with MMIO: volatile loads and stores
 //! at addresses checked against each block's length. Its constructor is
@@ -51,6 +59,13 @@ pub trait VirtioTransport {
     /// configuration, read with one 32-bit access as §4.1.3.1 requires for
     /// 32- and 64-bit fields (0 beyond its end).
     fn read_config_u32(&mut self, offset: usize) -> u32;
+    /// Reads the ISR status (§4.1.4.5): bit 0 = a queue interrupt, bit 1 =
+    /// a configuration change. The read clears it and de-asserts the
+    /// device's INTx line. The default (a transport without an ISR
+    /// register) reads 0.
+    fn read_isr(&mut self) -> u8 {
+        0
+    }
 }
 
 /// The `cfg_type` of a virtio PCI vendor capability (§4.1.4).
@@ -113,6 +128,10 @@ pub struct PciRegions {
     pub device: u64,
     /// Its length.
     pub device_len: u32,
+    /// ISR status register (one byte); 0 if the device has none.
+    pub isr: u64,
+    /// Its length (0 if there is none).
+    pub isr_len: u32,
 }
 
 impl PciRegions {
@@ -121,7 +140,7 @@ impl PciRegions {
     /// combined). The first capability of each type wins (§4.1.4: the
     /// driver should use the first one it can). `None` if the common,
     /// notification or device block is missing or lies outside the
-    /// address space.
+    /// address space; a missing (or unusable) ISR block is left 0.
     pub fn from_capabilities(bars: &[u64; 6], capabilities: &[PciCapability]) -> Option<Self> {
         let find = |wanted: CapabilityType| {
             let capability = capabilities.iter().find(|c| c.cfg_type == wanted)?;
@@ -133,6 +152,7 @@ impl PciRegions {
         let (common, common_len, _) = find(CapabilityType::Common)?;
         let (notify, notify_len, notify_off_multiplier) = find(CapabilityType::Notify)?;
         let (device, device_len, _) = find(CapabilityType::Device)?;
+        let (isr, isr_len, _) = find(CapabilityType::Isr).unwrap_or((0, 0, 0));
         Some(Self {
             common,
             common_len,
@@ -141,6 +161,8 @@ impl PciRegions {
             notify_off_multiplier,
             device,
             device_len,
+            isr,
+            isr_len,
         })
     }
 }
@@ -167,7 +189,8 @@ mod common {
     pub const LEN: usize = 56;
 }
 
-/// `VIRTIO_MSI_NO_VECTOR`: no interrupt for this queue or for config changes.
+/// `VIRTIO_MSI_NO_VECTOR`: no MSI-X message for this queue or for config
+/// changes (MSI-X is never enabled: an interrupt, if any, is INTx).
 const NO_VECTOR: u16 = 0xffff;
 
 /// Queues whose notification offsets [`PciTransport`] remembers.
@@ -182,6 +205,8 @@ pub struct PciTransport {
     notify_off_multiplier: usize,
     device: NonNull<u8>,
     device_len: usize,
+    /// The ISR status byte, if the device has one.
+    isr: Option<NonNull<u8>>,
     /// `queue_notify_off` of each enabled queue (read at enable time).
     notify_offsets: [Option<u16>; MAX_QUEUES],
 }
@@ -192,7 +217,8 @@ unsafe impl Send for PciTransport {}
 
 impl PciTransport {
     /// The device whose register blocks are at `regions`. `None` if an
-    /// address is null or the common block is shorter than 56 bytes.
+    /// address is null or the common block is shorter than 56 bytes. An
+    /// ISR block of length 0 (or at address 0) means no ISR register.
     ///
     /// # Safety
     ///
@@ -212,6 +238,11 @@ impl PciTransport {
             notify_off_multiplier: regions.notify_off_multiplier as usize,
             device: pointer(regions.device)?,
             device_len: regions.device_len as usize,
+            isr: if regions.isr_len == 0 {
+                None
+            } else {
+                pointer(regions.isr)
+            },
             notify_offsets: [None; MAX_QUEUES],
         })
     }
@@ -293,7 +324,7 @@ impl VirtioTransport for PciTransport {
         }
         self.write8(common::DEVICE_STATUS, status);
         if status == super::status::ACKNOWLEDGE {
-            // No interrupts: polled driver.
+            // No MSI-X message for config changes (INTx, if anything).
             self.write16(common::MSIX_CONFIG, NO_VECTOR);
         }
     }
@@ -357,5 +388,16 @@ impl VirtioTransport for PciTransport {
         // SAFETY: an in-range register, 4-aligned (BAR blocks are page
         // aligned and `offset % 4 == 0`); volatile MMIO.
         u32::from_le(unsafe { ptr.read_volatile() })
+    }
+
+    fn read_isr(&mut self) -> u8 {
+        let Some(isr) = self.isr else {
+            return 0;
+        };
+        // SAFETY: the ISR block's first byte (its length is at least 1:
+        // `new` keeps no pointer for a 0-length block), which the `new`
+        // caller vouched for; a byte register, volatile MMIO (the read
+        // clears it, §4.1.4.5).
+        unsafe { isr.as_ptr().read_volatile() }
     }
 }

@@ -228,6 +228,13 @@ impl DeviceQueue {
         memory.write_u16(addresses.device, u16::from(on));
     }
 
+    /// Whether the driver wants used-buffer interrupts now
+    /// (`VIRTQ_AVAIL_F_NO_INTERRUPT` clear).
+    pub fn interrupts_wanted(&self, memory: &Memory) -> bool {
+        let addresses = self.addresses.expect("queue enabled");
+        memory.read_u16(addresses.driver) & 1 == 0
+    }
+
     /// Chains made available and not yet taken.
     pub fn avail_pending(&self, memory: &Memory) -> u16 {
         let addresses = self.addresses.expect("queue enabled");
@@ -251,6 +258,11 @@ pub struct DeviceState {
     pub generation: u8,
     pub notifications: Vec<u64>,
     pub status_history: Vec<u8>,
+    /// ISR status: bit 0 set by `interrupt_if_wanted` (the INTx line is
+    /// asserted while it is non-zero), cleared by `read_isr`.
+    pub isr: u8,
+    /// Interrupts raised (ISR bit 0 set from clear) per queue.
+    pub interrupts: Vec<u64>,
 }
 
 /// The driver's handle on the mock (shares the state with the test).
@@ -266,9 +278,32 @@ impl MockTransport {
             queue_max: queue_max.to_vec(),
             queues: vec![DeviceQueue::default(); queue_max.len()],
             notifications: vec![0; queue_max.len()],
+            interrupts: vec![0; queue_max.len()],
             config,
             ..DeviceState::default()
         })))
+    }
+}
+
+impl MockTransport {
+    /// What a device does after returning buffers on `queue` (QEMU's
+    /// `virtio_notify`): raises the interrupt (ISR bit 0, INTx asserted)
+    /// unless the driver suppressed it. Returns whether it did.
+    pub fn interrupt_if_wanted(&self, memory: &Memory, queue: u16) -> bool {
+        let mut state = self.0.borrow_mut();
+        if !state.queues[usize::from(queue)].interrupts_wanted(memory) {
+            return false;
+        }
+        if state.isr & 1 == 0 {
+            state.interrupts[usize::from(queue)] += 1;
+        }
+        state.isr |= 1;
+        true
+    }
+
+    /// Whether the INTx line is asserted (ISR non-zero).
+    pub fn line_asserted(&self) -> bool {
+        self.0.borrow().isr != 0
     }
 }
 
@@ -344,5 +379,9 @@ impl VirtioTransport for MockTransport {
         let state = self.0.borrow();
         let bytes = state.config.get(offset..offset + 4).unwrap_or(&[0; 4]);
         u32::from_le_bytes(bytes.try_into().unwrap())
+    }
+
+    fn read_isr(&mut self) -> u8 {
+        core::mem::take(&mut self.0.borrow_mut().isr)
     }
 }

@@ -8,16 +8,28 @@
 //! (at most [`MAX_ONE_SHOT_NS`], about 55 ms; a longer wait is several
 //! sleeps), then runs `sti; hlt; cli`. `sti` takes effect after the next
 //! instruction, so an interrupt that is already pending wakes the `hlt`
-//! instead of being lost. The IRQ 0 handler only sends the PIC its EOI;
-//! the loop re-reads the clock. Interrupts are otherwise off, so the
-//! engine never runs inside a handler and needs no locking for it.
+//! instead of being lost. Interrupts are otherwise off, so the engine
+//! never runs inside a handler and needs no locking for it.
 //!
-//! Why PIT + 8259 and not the LAPIC timer: both exist on every QEMU
-//! machine; the PIT needs no calibration of its own (1.193182 MHz), no
-//! MMIO mapping and no MSR, and its 55 ms ceiling only costs one extra
-//! wake-up per 55 ms of idleness (about 18 per second; the host CPU stays
-//! near zero). A virtio-net interrupt can later be unmasked on the same
-//! PIC (or MSI on the LAPIC) to wake on packets.
+//! Besides IRQ 0, the serve loop unmasks the virtio-net NICs' INTx lines
+//! ([`unmask_irq`]: the PCI Interrupt Line the firmware routed, IRQ 10 or
+//! 11 on QEMU's `pc` machine, level-triggered through the PIIX ELCR), so a
+//! received frame ends the `hlt` too. The handlers do no work: they send
+//! the PIC its EOI and return to the interrupted `hlt` **with IF clear**
+//! (they clear it in the saved RFLAGS). A level-triggered line stays
+//! asserted until the loop reads the device's ISR register; returning
+//! with interrupts still enabled would take the same interrupt again and
+//! again before the `cli` after `hlt` could run. Since interrupts are
+//! only ever enabled around that `hlt`, returning with IF clear is
+//! exactly what the `cli` would have done.
+//!
+//! Why PIT + 8259 and not the LAPIC timer, and INTx rather than MSI-X:
+//! both exist on every QEMU machine; the PIT needs no calibration of its
+//! own (1.193182 MHz), no MMIO mapping and no MSR, and its 55 ms ceiling
+//! only costs one wake-up per 55 ms of idleness (about 18 per second;
+//! the host CPU stays near zero). INTx through the same PIC needs no
+//! LAPIC, no MSI-X table and no per-vector EOI; it costs one ISR read per
+//! idle period.
 //!
 //! CPU exceptions (vectors 0–31) print the vector, error code and faulting
 //! RIP to the console and exit QEMU with a failure status.
@@ -28,7 +40,7 @@ use core::arch::{asm, global_asm};
 use core::cell::UnsafeCell;
 
 use crate::entry::CODE_SELECTOR;
-use crate::port::{outb, ExitCode};
+use crate::port::{inb, outb, ExitCode};
 
 /// Longest one-shot the 16-bit PIT counter holds (65535 / 1.193182 MHz).
 pub const MAX_ONE_SHOT_NS: u64 = 54_925_000;
@@ -60,6 +72,8 @@ brick_exception_common:
     call brick_exception
     ud2
 
+    /* The IRQ handlers return with IF clear in the saved RFLAGS (bit 9,
+       at 16(%rsp) once %rax is popped): see the module docs. */
     .balign 16
     .global brick_irq_master
 brick_irq_master:               /* IRQ 0-7: EOI to the master PIC */
@@ -67,6 +81,7 @@ brick_irq_master:               /* IRQ 0-7: EOI to the master PIC */
     mov $0x20, %al
     out %al, $0x20
     pop %rax
+    andq $~0x200, 16(%rsp)
     iretq
 
     .balign 16
@@ -77,6 +92,7 @@ brick_irq_slave:                /* IRQ 8-15: EOI to both PICs */
     out %al, $0xa0
     out %al, $0x20
     pop %rax
+    andq $~0x200, 16(%rsp)
     iretq
     .popsection
 
@@ -166,7 +182,8 @@ pub fn init() {
     };
     // SAFETY: the IDT is a static with valid gates for vectors 0-47 (the
     // others are not present and are never raised: the PIC is remapped
-    // below and masked but for IRQ 0); `lidt` copies the pointer.
+    // below and masked but for IRQ 0 and the lines `unmask_irq` opens
+    // later, all in 0x20-0x2f); `lidt` copies the pointer.
     unsafe {
         asm!("lidt [{}]", in(reg) &raw const pointer, options(readonly, nostack, preserves_flags))
     };
@@ -190,6 +207,53 @@ pub fn init() {
     // Stop the PIT's periodic (BIOS) mode: one-shot with the longest count;
     // the one interrupt it may raise is harmless.
     arm_one_shot(0xffff);
+}
+
+/// The PIC input the slave PIC cascades into (never a device's line).
+const CASCADE_IRQ: u8 = 2;
+
+/// Unmasks legacy interrupt `irq` (1-15 but the cascade, 2) on the 8259
+/// PICs, and the cascade for a slave line (8-15), so that it wakes
+/// [`PitIdle::idle_until`]'s `hlt`. Returns `false` (and changes nothing)
+/// for an IRQ that cannot be a device's line. Call with interrupts off
+/// (they always are outside the `hlt`).
+pub fn unmask_irq(irq: u8) -> bool {
+    if irq == 0 || irq == CASCADE_IRQ || irq >= 16 {
+        return false;
+    }
+    if irq >= 8 {
+        set_masked(irq - 8, 0xa1, false);
+        set_masked(CASCADE_IRQ, 0x21, false);
+    } else {
+        set_masked(irq, 0x21, false);
+    }
+    true
+}
+
+/// Masks legacy interrupt `irq` again (1-15 but the cascade; others are
+/// ignored). The cascade stays open (other slave lines may use it).
+pub fn mask_irq(irq: u8) {
+    match irq {
+        0 | CASCADE_IRQ | 16.. => {}
+        8.. => set_masked(irq - 8, 0xa1, true),
+        _ => set_masked(irq, 0x21, true),
+    }
+}
+
+/// Sets or clears bit `bit` of the interrupt mask register at `port`
+/// (0x21 master, 0xa1 slave: OCW1).
+fn set_masked(bit: u8, port: u16, masked: bool) {
+    // SAFETY: the image owns the PICs (`init` programmed them); reading
+    // OCW1 returns the mask register and has no side effect.
+    let mask = unsafe { inb(port) };
+    let mask = if masked {
+        mask | 1 << bit
+    } else {
+        mask & !(1 << bit)
+    };
+    // SAFETY: as above; every unmasked vector has a gate in the IDT
+    // (`init` fills 0x20-0x2f), and interrupts are off (callers).
+    unsafe { outb(port, mask) };
 }
 
 fn arm_one_shot(count: u16) {
@@ -216,6 +280,11 @@ impl<C: hal::Clock> PitIdle<C> {
     pub fn new(clock: C) -> Self {
         PitIdle { clock, halts: 0 }
     }
+
+    /// The clock it idles against.
+    pub fn clock(&self) -> &C {
+        &self.clock
+    }
 }
 
 impl<C: hal::Clock> hal::Idle for PitIdle<C> {
@@ -231,8 +300,10 @@ impl<C: hal::Clock> hal::Idle for PitIdle<C> {
         arm_one_shot(ticks.clamp(1, 0xffff) as u16);
         self.halts += 1;
         // SAFETY: the IDT and PIC are set up (`init`); `sti` takes effect
-        // after `hlt` starts, so a pending IRQ 0 wakes it; its handler only
-        // acknowledges the PIC. `cli` restores the interrupts-off state.
+        // after `hlt` starts, so a pending IRQ (the PIT's or an unmasked
+        // NIC line) wakes it; the handlers only acknowledge the PIC and
+        // return with IF clear. `cli` restores the interrupts-off state
+        // (for an IRQ-free wake, as after an NMI).
         unsafe { asm!("sti", "hlt", "cli", options(nomem, nostack)) };
     }
 }

@@ -203,19 +203,48 @@ const COMMAND_MEMORY: u32 = 1 << 1;
 /// Command register bits: bus master (the device may DMA).
 const COMMAND_BUS_MASTER: u32 = 1 << 2;
 
+/// Command register bits: INTx disable (the device may not assert its
+/// interrupt pin).
+const COMMAND_INTX_DISABLE: u32 = 1 << 10;
+
+/// Whether a device the image drives may assert its INTx line.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Intx {
+    /// It may (a NIC whose frames wake the idle CPU).
+    Enabled,
+    /// It may not (a polled disk: its line, maybe shared with a NIC's,
+    /// then never stays asserted).
+    Disabled,
+}
+
 /// Turns on memory space decoding and bus mastering for a device the
 /// image drives (a virtio device cannot reach its rings without bus
-/// mastering). Returns the new command register.
-pub fn enable_memory_and_bus_master(address: Address) -> u16 {
+/// mastering) and allows or forbids its INTx line. Returns the new
+/// command register.
+pub fn enable_memory_and_bus_master(address: Address, intx: Intx) -> u16 {
     let command_status = read_config(address, 0x04);
     // The status half (upper 16 bits) is write-1-to-clear: write zeros.
     let command = (command_status & 0xffff) | COMMAND_MEMORY | COMMAND_BUS_MASTER;
+    let command = match intx {
+        Intx::Enabled => command & !COMMAND_INTX_DISABLE,
+        Intx::Disabled => command | COMMAND_INTX_DISABLE,
+    };
     // SAFETY: the caller claimed this function (a virtio device found by
     // enumeration, driven only by the image); enabling its memory BARs,
     // which the firmware assigned, and bus mastering towards the
-    // identity-mapped DMA pool is what driving it requires.
+    // identity-mapped DMA pool is what driving it requires; its INTx pin
+    // goes to a line the image masks unless it expects it.
     unsafe { write_config(address, 0x04, command) };
     read_config(address, 0x04) as u16
+}
+
+/// The legacy (8259) IRQ of `address`'s INTx pin as the firmware routed
+/// it (the Interrupt Line register, 0x3c; SeaBIOS fills it in), or
+/// `None` if the function has no pin or the line is not a usable device
+/// IRQ (0, the cascade 2, 16 and up, 0xff for "unknown").
+pub fn legacy_irq(address: Address) -> Option<u8> {
+    let [line, pin, ..] = read_config(address, 0x3c).to_le_bytes();
+    (matches!(pin, 1..=4) && line != 0 && line != 2 && line < 16).then_some(line)
 }
 
 /// Capability id of a vendor-specific capability (virtio uses it).

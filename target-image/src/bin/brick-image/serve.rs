@@ -23,12 +23,40 @@
 //! through [`Engine::set_identity_dma`]; keys from RDRAND) and runs the loop of
 //! `brick-target`: a bounded receive burst per NIC into
 //! `Engine::receive`, `Engine::poll` transmitting through the NICs, a
-//! `flush` per NIC (TX doorbells are batched), then idling. The NICs are
-//! polled (no interrupts), so a halted CPU does not see frames arrive:
-//! after activity the loop keeps polling for [`SPIN_NS`], then halts in
-//! slices of at most [`HALT_SLICE_NS`] (PIT one-shot) or until the
-//! engine's next deadline, whichever is sooner. The first frame after a
-//! quiet spell therefore waits up to one slice.
+//! `flush` per NIC (TX doorbells are batched), then idling.
+//!
+//! # Idling: halt until the next deadline or frame
+//!
+//! The drivers are polled and all work happens in the loop; an interrupt
+//! only ends a `hlt`. After activity the loop keeps polling for
+//! [`SPIN_NS`]; then, if the engine has nothing due, [`FrameWake::halt`]
+//! sleeps until the engine's next deadline, at most [`MAX_HALT_NS`] (the
+//! PIT one-shot), or until a frame arrives:
+//!
+//! 1. each NIC publishes its RX buffers, reads its ISR (de-asserting its
+//!    INTx line) and enables RX used-buffer interrupts, then re-checks
+//!    its RX used ring ([`VirtioNet::enable_rx_interrupt`]); a frame that
+//!    arrived before the device saw the change raised no interrupt, so if
+//!    one is waiting the loop polls instead of halting;
+//! 2. `sti; hlt` with the NICs' lines unmasked on the PIC (interrupts are
+//!    off until then, so an interrupt raised after the re-check is held
+//!    by the PIC and ends the `hlt` at once);
+//! 3. awake, each NIC suppresses RX interrupts again and reads its ISR
+//!    ([`VirtioNet::disable_rx_interrupt`]), so the busy loop is never
+//!    interrupted and no line stays asserted.
+//!
+//! The line is the PCI Interrupt Line the firmware routed (INTx: MSI-X is
+//! never enabled); virtio-blk disks get INTx disabled in their PCI command
+//! register, so a shared line is only ever raised by a NIC. Disks and TX
+//! completions do not interrupt: while a disk request is in flight the
+//! engine's `poll_at` is due at once and the loop polls without halting,
+//! and TX chains only need reclaiming, which polling does.
+//!
+//! Fallback: if a NIC has no usable line, halts last at most
+//! [`HALT_SLICE_NS`] (a frame is then seen within a slice). The same
+//! happens, with the lines masked again, after [`STUCK_WAKES`] early
+//! wake-ups in a row that no NIC raised: a line held asserted by
+//! something else would otherwise turn every halt into a spin.
 //!
 //! Unsafe: the transport's construction (register addresses vouched for
 //! by the PCI probe), the DMA region (carved from free RAM), the engine's
@@ -58,7 +86,7 @@ use verbs::KeySource;
 use crate::clock::Tsc;
 use crate::interrupts::PitIdle;
 use crate::memory::IDENTITY_LIMIT;
-use crate::pci::{self, Bar, Function};
+use crate::pci::{self, Bar, Function, Intx};
 use crate::port::{exit, ExitCode};
 
 /// PCI vendor id of virtio devices.
@@ -73,8 +101,15 @@ const MAX_VIRTIO_CAPABILITIES: usize = 8;
 const RX_BURST: usize = 32;
 /// How long the loop keeps polling after the last activity before halting.
 pub const SPIN_NS: u64 = 2_000_000;
-/// Longest halt while the NICs are idle (their frames raise no interrupt).
+/// Longest halt while a frame wakes the CPU (within the PIT one-shot's
+/// ~55 ms): with no deadline the loop wakes 20 times a second.
+pub const MAX_HALT_NS: u64 = 50_000_000;
+/// Longest halt when frames cannot wake the CPU (a NIC without a usable
+/// interrupt line): a frame waits up to this long.
 pub const HALT_SLICE_NS: u64 = 1_000_000;
+/// Early wake-ups in a row that no NIC raised before the NICs' lines are
+/// deemed stuck (masked; halts sliced).
+pub const STUCK_WAKES: u32 = 64;
 /// Statistics are logged every this often while frames flow.
 const STATS_EVERY_NS: u64 = 30_000_000_000;
 
@@ -85,6 +120,18 @@ pub type Disk = VirtioBlk<Chunk, PciTransport>;
 
 /// A volume of the image: RAM or a virtio-blk disk.
 pub type Volume = target_image::RamOr<Box<Disk>>;
+
+/// An IRQ line (or its absence) for the log.
+struct Irq(Option<u8>);
+
+impl fmt::Display for Irq {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            Some(irq) => write!(f, "{irq}"),
+            None => f.write_str("none"),
+        }
+    }
+}
 
 /// A MAC address for the log.
 struct Mac([u8; 6]);
@@ -162,15 +209,17 @@ fn regions(function: &Function) -> Result<PciRegions, &'static str> {
     if !below_identity_limit(regions.common, regions.common_len)
         || !below_identity_limit(regions.notify, regions.notify_len)
         || !below_identity_limit(regions.device, regions.device_len)
+        || (regions.isr_len > 0 && !below_identity_limit(regions.isr, regions.isr_len))
     {
         return Err("a register block lies outside the identity-mapped 4 GiB");
     }
     Ok(regions)
 }
 
-/// A transport for `function` (memory space and bus master enabled), or why not.
-fn transport(function: &Function) -> Result<PciTransport, &'static str> {
-    let command = pci::enable_memory_and_bus_master(function.address);
+/// A transport for `function` (memory space and bus master enabled, INTx
+/// as `intx` says), or why not.
+fn transport(function: &Function, intx: Intx) -> Result<PciTransport, &'static str> {
+    let command = pci::enable_memory_and_bus_master(function.address, intx);
     if command & 0b110 != 0b110 {
         return Err("memory space or bus master did not stick");
     }
@@ -198,15 +247,28 @@ pub fn dma_pool(dma: Range) -> DmaPool {
     }
 }
 
+/// An opened NIC and the legacy IRQ its INTx pin is routed to (`None`:
+/// its frames cannot wake the CPU).
+pub struct OpenNic {
+    /// The driver.
+    pub net: Net,
+    /// The PIC line, from the PCI Interrupt Line register.
+    pub irq: Option<u8>,
+}
+
 /// Brings up one [`Net`] per manifest interface from the virtio-net
 /// `functions` (PCI order), with rings and buffers from `pool`. Exits with
 /// [`ExitCode::NoNic`] if a NIC is missing or fails to start.
-pub fn open_nics(functions: &[Function], manifest: &Manifest<'_>, pool: &mut DmaPool) -> Vec<Net> {
+pub fn open_nics(
+    functions: &[Function],
+    manifest: &Manifest<'_>,
+    pool: &mut DmaPool,
+) -> Vec<OpenNic> {
     let config = NetConfig::default();
     let mut claimed = alloc::vec![false; functions.len()];
     let mut transports: Vec<Option<(PciTransport, [u8; 6])>> = functions
         .iter()
-        .map(|function| match transport(function) {
+        .map(|function| match transport(function, Intx::Enabled) {
             Ok(mut transport) => {
                 let mac = read_config_bytes::<_, 6>(&mut transport, 0);
                 Some((transport, mac))
@@ -275,15 +337,17 @@ pub fn open_nics(functions: &[Function], manifest: &Manifest<'_>, pool: &mut Dma
         } else {
             "differs: frames carry the manifest MAC (QEMU does not filter)"
         };
+        let irq = pci::legacy_irq(functions[slot].address);
         log!(
-            "net: interface {} on pci {}: device MAC {} {agreement}; features {:#x}, DMA left {} KiB",
+            "net: interface {} on pci {}: device MAC {} {agreement}; features {:#x}, IRQ {}, DMA left {} KiB",
             interface.name,
             functions[slot].address,
             Mac(device_mac),
             net.features(),
+            Irq(irq),
             pool.remaining() / 1024
         );
-        nics.push(net);
+        nics.push(OpenNic { net, irq });
     }
     nics
 }
@@ -321,8 +385,8 @@ fn open_disk(
             "pci {wanted} is already another volume's"
         )));
     }
-    let transport =
-        transport(&functions[slot]).map_err(|why| refuse(alloc::format!("pci {wanted}: {why}")))?;
+    let transport = transport(&functions[slot], Intx::Disabled)
+        .map_err(|why| refuse(alloc::format!("pci {wanted}: {why}")))?;
     let disk = Disk::new(transport, pool, target_image::virtio_blk_config(config))
         .map_err(|error| refuse(alloc::format!("pci {wanted}: virtio-blk: {error}")))?;
     let info = disk.info();
@@ -367,11 +431,13 @@ fn gather<'a>(payload: &[&'a [u8]], trailer: &'a [u8], out: &mut [&'a [u8]; 8]) 
 /// "serving after" line).
 pub fn serve(
     manifest: Manifest<'_>,
-    mut nics: Vec<Net>,
+    nics: Vec<OpenNic>,
     disks: &[Function],
     mut pool: DmaPool,
     clock: Tsc,
 ) -> ! {
+    let mut wake = FrameWake::new(&nics);
+    let mut nics: Vec<Net> = nics.into_iter().map(|nic| nic.net).collect();
     // The engine allocates its registered arenas from the heap (not from
     // the boot pool, yet): refuse clearly rather than fail an allocation.
     let arenas = (target_image::arena_bytes(&target_image::server_config(&manifest)) as u64)
@@ -483,18 +549,125 @@ pub fn serve(
             for line in alloc::format!("{}", engine.stats()).lines() {
                 log!("{line}");
             }
+            let frame_wakes: u64 = nics.iter().map(|nic| nic.stats().rx_interrupts).sum();
+            log!(
+                "idle: {} halts, {frame_wakes} ended by a frame's interrupt",
+                idle.halts
+            );
         }
         if busy {
             last_busy = now;
             continue;
         }
         let now = clock.now();
-        let wake = engine.poll_at(now);
-        if wake.is_some_and(|wake| wake <= now) || now.saturating_sub(last_busy) < SPIN_NS {
+        let due = engine.poll_at(now);
+        if due.is_some_and(|due| due <= now) || now.saturating_sub(last_busy) < SPIN_NS {
             continue;
         }
-        let slice_end = now + HALT_SLICE_NS;
-        idle.idle_until(Some(wake.map_or(slice_end, |wake| wake.min(slice_end))));
+        let longest = now + wake.longest_halt();
+        let deadline = due.map_or(longest, |due| due.min(longest));
+        wake.halt(&mut nics, &mut idle, deadline);
+    }
+}
+
+/// Halting until the next deadline or frame (see the module docs).
+struct FrameWake {
+    /// The NICs' distinct lines, unmasked on the PIC.
+    lines: Vec<u8>,
+    /// Whether a frame on any NIC ends a halt (every NIC has a line);
+    /// else halts are sliced.
+    on_frame: bool,
+    /// Early wake-ups in a row that no NIC raised.
+    unexplained: u32,
+}
+
+impl FrameWake {
+    /// Unmasks the lines of `nics`; frames wake the CPU if every NIC has
+    /// one (and there is a NIC).
+    fn new(nics: &[OpenNic]) -> Self {
+        let mut lines = Vec::new();
+        let mut on_frame = !nics.is_empty();
+        for (index, nic) in nics.iter().enumerate() {
+            match nic.irq {
+                Some(irq) if crate::interrupts::unmask_irq(irq) => {
+                    if !lines.contains(&irq) {
+                        lines.push(irq);
+                    }
+                }
+                _ => {
+                    log!(
+                        "idle: interface {index} has no usable interrupt line ({}):                          halting in slices of {} us",
+                        Irq(nic.irq),
+                        HALT_SLICE_NS / 1000
+                    );
+                    on_frame = false;
+                }
+            }
+        }
+        if on_frame {
+            log!(
+                "idle: halting until the next deadline (at most {} ms) or a frame (IRQ {lines:?})",
+                MAX_HALT_NS / 1_000_000
+            );
+        }
+        FrameWake {
+            lines,
+            on_frame,
+            unexplained: 0,
+        }
+    }
+
+    /// The longest halt from now.
+    fn longest_halt(&self) -> u64 {
+        if self.on_frame {
+            MAX_HALT_NS
+        } else {
+            HALT_SLICE_NS
+        }
+    }
+
+    /// Halts until `deadline` or, if frames wake the CPU, until one
+    /// arrives on any of `nics` (returns at once if one is waiting).
+    fn halt(&mut self, nics: &mut [Net], idle: &mut PitIdle<Tsc>, deadline: u64) {
+        if !self.on_frame {
+            idle.idle_until(Some(deadline));
+            return;
+        }
+        let clock = *idle.clock();
+        let start = clock.now();
+        // Short-circuits: NICs after one with a frame waiting stay
+        // suppressed, and the loop polls.
+        let waiting = nics.iter_mut().any(|nic| nic.enable_rx_interrupt());
+        if !waiting {
+            idle.idle_until(Some(deadline));
+        }
+        let mut raised = false;
+        for nic in nics.iter_mut() {
+            raised |= nic.disable_rx_interrupt();
+        }
+        if waiting {
+            return;
+        }
+        // A wake-up before half the wait that no NIC raised: the stale
+        // tick of an earlier one-shot (once), or a line held by something
+        // else (every time).
+        let early = clock.now().saturating_sub(start) < deadline.saturating_sub(start) / 2;
+        if raised || !early {
+            self.unexplained = 0;
+            return;
+        }
+        self.unexplained += 1;
+        if self.unexplained >= STUCK_WAKES {
+            log!(
+                "idle: {STUCK_WAKES} early wake-ups in a row that no NIC raised: IRQ {:?}                  looks stuck; masking it and halting in slices of {} us",
+                self.lines,
+                HALT_SLICE_NS / 1000
+            );
+            for &line in &self.lines {
+                crate::interrupts::mask_irq(line);
+            }
+            self.on_frame = false;
+        }
     }
 }
 
