@@ -24,10 +24,9 @@ use crate::qemu::{NicConfig, Vm, VmConfig};
 use crate::relay::Relay;
 use crate::util::step;
 use crate::vmimage::{Images, Overlays};
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use std::net::UdpSocket;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 /// Arguments of `cargo xtask bench-initiator`.
@@ -101,32 +100,6 @@ struct Endpoint {
 
 fn strings(items: &[&str]) -> Vec<String> {
     items.iter().map(|s| s.to_string()).collect()
-}
-
-/// Starts brick-target with `manifest` and `link`; waits until it listens.
-fn start_target(binary: &Path, manifest: &Path, link: &str, log: PathBuf) -> Result<TargetProcess> {
-    let file = std::fs::File::create(&log)?;
-    let child = Command::new(binary)
-        .args([
-            "--manifest",
-            &manifest.display().to_string(),
-            "--link",
-            link,
-        ])
-        .stdin(Stdio::null())
-        .stdout(file.try_clone()?)
-        .stderr(file)
-        .spawn()
-        .context("start brick-target")?;
-    let target = TargetProcess { child, log };
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !target.log().contains("listening") {
-        if Instant::now() > deadline {
-            bail!("brick-target did not start in 10 s:\n{}", target.log());
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    Ok(target)
 }
 
 /// Runs every workload against `endpoint`, printing one line each.
@@ -290,7 +263,7 @@ pub fn run(args: BenchInitiatorArgs) -> Result<()> {
         "brick-target on udp:127.0.0.1:{port} (examples/loopback.toml)"
     ));
     {
-        let _target = start_target(
+        let _target = TargetProcess::start(
             &target_binary,
             &repo.join("examples/loopback.toml"),
             &format!("udp:127.0.0.1:{port}"),
@@ -318,7 +291,7 @@ pub fn run(args: BenchInitiatorArgs) -> Result<()> {
         socket.display()
     ));
     {
-        let _target = start_target(
+        let _target = TargetProcess::start(
             &target_binary,
             &repo.join("examples/two-ram-volumes.toml"),
             &format!("frame:listen:{}", socket.display()),
@@ -380,7 +353,7 @@ pub fn run(args: BenchInitiatorArgs) -> Result<()> {
         drop(vm);
         std::thread::sleep(Duration::from_millis(300));
         step("brick-target behind the same relay");
-        let _target = start_target(
+        let _target = TargetProcess::start(
             &target_binary,
             &repo.join("examples/two-ram-volumes.toml"),
             &format!("frame:connect:{}", relay.b.display()),

@@ -120,6 +120,34 @@ pub(crate) struct TargetProcess {
 }
 
 impl TargetProcess {
+    /// Starts `brick-target` with `manifest` and one `link`, its output in
+    /// `log`; waits (10 s at most) until it says it listens.
+    pub(crate) fn start(
+        binary: &Path,
+        manifest: &Path,
+        link: &str,
+        log: PathBuf,
+    ) -> Result<TargetProcess> {
+        let file = std::fs::File::create(&log)?;
+        let child = Command::new(binary)
+            .args(["--manifest", &manifest.display().to_string()])
+            .args(["--link", link])
+            .stdin(Stdio::null())
+            .stdout(file.try_clone()?)
+            .stderr(file)
+            .spawn()
+            .context("start brick-target")?;
+        let target = TargetProcess { child, log };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !target.log().contains("listening") {
+            if Instant::now() > deadline {
+                bail!("brick-target did not start in 10 s:\n{}", target.log());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(target)
+    }
+
     /// The process's output so far.
     pub(crate) fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
@@ -198,12 +226,7 @@ fn run_image() -> Result<()> {
     let dir = crate::paths::scratch("demo-image");
     let manifest_path = dir.join("demo-image.toml");
     std::fs::write(&manifest_path, IMAGE_MANIFEST)?;
-    let config = manifest::compile_file(&manifest_path).map_err(|e| anyhow::anyhow!("{e}"))?;
-    let blob = config
-        .to_binary()
-        .map_err(|e| anyhow::anyhow!("{}: {e}", manifest_path.display()))?;
-    let blob_path = dir.join("manifest.bin");
-    std::fs::write(&blob_path, &blob)?;
+    let (config, blob, blob_path) = crate::image::compile_to_blob(&manifest_path, &dir)?;
     let interface = config
         .interfaces
         .first()
@@ -312,23 +335,12 @@ fn run_loopback() -> Result<()> {
     step(format!(
         "starting brick-target with the demo manifest (vol0: 64 MiB of RAM) on udp:127.0.0.1:{port}"
     ));
-    let file = std::fs::File::create(&log)?;
-    let child = Command::new(&target_binary)
-        .args(["--manifest", &manifest.display().to_string()])
-        .args(["--link", &format!("udp:127.0.0.1:{port}")])
-        .stdin(Stdio::null())
-        .stdout(file.try_clone()?)
-        .stderr(file)
-        .spawn()
-        .context("start brick-target")?;
-    let target = TargetProcess { child, log };
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !target.log().contains("listening") {
-        if Instant::now() > deadline {
-            bail!("brick-target did not start in 10 s:\n{}", target.log());
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let target = TargetProcess::start(
+        &target_binary,
+        &manifest,
+        &format!("udp:127.0.0.1:{port}"),
+        log,
+    )?;
     let connection: Vec<String> = [
         "--link",
         &format!("udp:127.0.0.2:{port}"),

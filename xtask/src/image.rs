@@ -234,6 +234,22 @@ pub fn run_build() -> Result<()> {
 /// Bytes of the image's engine stack (target-image `serve::ENGINE_STACK_BYTES`).
 const ENGINE_STACK_MIB: u64 = 32;
 
+/// Compiles the TOML manifest at `path` and writes its binary form to
+/// `dir/manifest.bin`: the config, the blob and the blob's path (what
+/// QEMU's `-fw_cfg` takes).
+pub fn compile_to_blob(
+    path: &Path,
+    dir: &Path,
+) -> Result<(manifest::config::Config, Vec<u8>, PathBuf)> {
+    let config = manifest::compile_file(path).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let blob = config
+        .to_binary()
+        .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    let blob_path = dir.join("manifest.bin");
+    std::fs::write(&blob_path, &blob).with_context(|| format!("write {}", blob_path.display()))?;
+    Ok((config, blob, blob_path))
+}
+
 /// Guest memory (MiB) for a manifest, counted as target-image's
 /// `boot::pool::PoolPlan::guest_mib` counts it: the pool (16 MiB of NIC
 /// rings plus each virtio-blk volume's rings and bounce slots,

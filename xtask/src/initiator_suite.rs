@@ -59,23 +59,20 @@ impl Rig {
     fn start_target(&mut self) -> Result<()> {
         self.starts += 1;
         let log = self.dir.join(format!("target-{}.log", self.starts));
-        let file = std::fs::File::create(&log)?;
-        let child = Command::new(&self.target_binary)
-            .args(["--manifest", &self.manifest.display().to_string()])
-            .args([
-                "--link",
-                &format!("frame:connect:{}", self.relay.b.display()),
-            ])
-            .stdin(Stdio::null())
-            .stdout(file.try_clone()?)
-            .stderr(file)
-            .spawn()
-            .context("start brick-target")?;
-        let target = TargetProcess { child, log };
+        let target = TargetProcess::start(
+            &self.target_binary,
+            &self.manifest,
+            &format!("frame:connect:{}", self.relay.b.display()),
+            log,
+        )?;
+        // Listening, and connected to the relay.
         let deadline = Instant::now() + Duration::from_secs(10);
-        while !target.log().contains("listening") || !self.relay.side(1).0 {
+        while !self.relay.side(1).0 {
             if Instant::now() > deadline {
-                bail!("brick-target did not come up in 10 s:\n{}", target.log());
+                bail!(
+                    "brick-target did not reach the relay in 10 s:\n{}",
+                    target.log()
+                );
             }
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -404,29 +401,11 @@ fn nbd_export_qemu_io(target: &Path, cli: &Path, dir: &Path) -> Result<()> {
     let manifest = dir.join("loopback.toml");
     std::fs::write(&manifest, include_str!("../../examples/loopback.toml"))?;
     let log = dir.join("target.log");
-    let file = std::fs::File::create(&log)?;
     step(format!(
         "brick-target on udp:127.0.0.1:{port} (examples/loopback.toml)"
     ));
-    let child = Command::new(target)
-        .args(["--manifest", &manifest.display().to_string()])
-        .args(["--link", &format!("udp:127.0.0.1:{port}")])
-        .stdin(Stdio::null())
-        .stdout(file.try_clone()?)
-        .stderr(file)
-        .spawn()
-        .context("start brick-target")?;
-    let target_process = TargetProcess { child, log };
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !target_process.log().contains("listening") {
-        if Instant::now() > deadline {
-            bail!(
-                "brick-target did not come up in 10 s:\n{}",
-                target_process.log()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let target_process =
+        TargetProcess::start(target, &manifest, &format!("udp:127.0.0.1:{port}"), log)?;
 
     let socket = dir.join("vol0.nbd");
     nbd_config(&dir, &format!("nbd:unix:{}", socket.display()), port)?;

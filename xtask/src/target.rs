@@ -673,12 +673,7 @@ impl Target {
             text += IMAGE_LIMITS;
             std::fs::write(&manifest_path, &text)?;
         }
-        let config = manifest::compile_file(&manifest_path).map_err(|e| anyhow::anyhow!("{e}"))?;
-        let blob = config
-            .to_binary()
-            .map_err(|e| anyhow::anyhow!("{}: {e}", manifest_path.display()))?;
-        let blob_path = dir.join("manifest.bin");
-        std::fs::write(&blob_path, &blob)?;
+        let (config, blob, blob_path) = crate::image::compile_to_blob(&manifest_path, &dir)?;
         let manifest = manifest::binary::Manifest::parse(&blob)
             .map_err(|e| anyhow::anyhow!("{}: {e}", manifest_path.display()))?;
         if manifest.interface_count() != relays.len() + usize::from(probe.is_some()) {
