@@ -6,6 +6,7 @@ mod buffers;
 #[path = "common/virtio_mock.rs"]
 mod mock;
 
+use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
 use buffers::Buffers;
@@ -13,9 +14,11 @@ use hal::block::{
     BlockDevice, BufferAccess, BufferError, Completion, IoError, Op, OpKind, Request, SubmitError,
 };
 use hal::virtio::blk::{
-    BlkConfig, VirtioBlk, EOPNOTSUPP, F_BLK_SIZE, F_DISCARD, F_FLUSH, F_RO, F_WRITE_ZEROES,
+    BlkConfig, DeviceId, GetIdError, VirtioBlk, EOPNOTSUPP, F_BLK_SIZE, F_DISCARD, F_FLUSH, F_RO,
+    F_WRITE_ZEROES, ID_BYTES,
 };
 use hal::virtio::{feature, InitError};
+use hal::Clock;
 use mock::{Memory, MockTransport};
 
 const POOL_LEN: usize = 8 << 20;
@@ -43,6 +46,8 @@ struct RamDevice {
     /// Request types seen, in order.
     types: Vec<u32>,
     next: Behaviour,
+    /// What GET_ID answers (QEMU's `serial=`, at most 20 bytes kept).
+    serial: Vec<u8>,
 }
 
 impl RamDevice {
@@ -109,6 +114,19 @@ impl RamDevice {
             }
             4 => {
                 assert!(data.is_empty());
+                0
+            }
+            8 => {
+                // QEMU: strncpy of the serial into the 20-byte buffer
+                // (NUL-padded, not terminated at 20).
+                assert_eq!(data.len(), 1);
+                assert!(data[0].writable);
+                assert_eq!(data[0].len as usize, ID_BYTES);
+                let mut id = [0u8; ID_BYTES];
+                let len = self.serial.len().min(ID_BYTES);
+                id[..len].copy_from_slice(&self.serial[..len]);
+                self.memory.write(data[0].address, &id);
+                *written += ID_BYTES as u32;
                 0
             }
             11 | 13 => {
@@ -190,6 +208,7 @@ fn setup_with(offered: u64, config: BlkConfig) -> (VirtioBlk<usize, MockTranspor
         disk: vec![0; (DISK_SECTORS * 512) as usize],
         types: Vec::new(),
         next: Behaviour::Normal,
+        serial: Vec::new(),
     };
     (device, ram)
 }
@@ -769,4 +788,282 @@ fn without_bounce_buffers_only_dma_addressable_buffers_work() {
         .unwrap();
     let done = poll_all(&mut device, &mut ram, &mut dma);
     assert_eq!(done[0].result, Ok(()));
+}
+
+/// A clock for the synchronous GET_ID wait: each reading advances it by
+/// `step` ns and, once `answer_after` readings have passed, lets the device
+/// side process its queue (as a device answering a while after the
+/// doorbell would).
+struct DeviceClock<'a> {
+    now: Cell<u64>,
+    step: u64,
+    readings: Cell<u32>,
+    answer_after: Option<u32>,
+    ram: RefCell<&'a mut RamDevice>,
+}
+
+impl<'a> DeviceClock<'a> {
+    fn new(ram: &'a mut RamDevice, answer_after: Option<u32>) -> Self {
+        Self {
+            now: Cell::new(1_000),
+            step: 1_000,
+            readings: Cell::new(0),
+            answer_after,
+            ram: RefCell::new(ram),
+        }
+    }
+}
+
+impl Clock for DeviceClock<'_> {
+    fn now(&self) -> u64 {
+        let readings = self.readings.get() + 1;
+        self.readings.set(readings);
+        if self.answer_after.is_some_and(|after| readings > after) {
+            self.ram.borrow_mut().process();
+        }
+        let now = self.now.get();
+        self.now.set(now + self.step);
+        now
+    }
+}
+
+const ID_TIMEOUT_NS: u64 = 1_000_000;
+
+fn read_id(
+    device: &mut VirtioBlk<usize, MockTransport>,
+    ram: &mut RamDevice,
+    answer_after: Option<u32>,
+) -> (Result<DeviceId, GetIdError>, u32) {
+    let clock = DeviceClock::new(ram, answer_after);
+    let result = device.read_device_id(&clock, ID_TIMEOUT_NS);
+    (result, clock.readings.get())
+}
+
+#[test]
+fn device_id_of_exactly_20_bytes() {
+    let (mut device, mut ram) = setup();
+    ram.serial = b"ABCDEFGHIJKLMNOPQRST".to_vec();
+    let (id, _) = read_id(&mut device, &mut ram, Some(0));
+    let id = id.unwrap();
+    assert_eq!(id.as_bytes(), b"ABCDEFGHIJKLMNOPQRST");
+    assert_eq!(id.as_str(), Some("ABCDEFGHIJKLMNOPQRST"));
+    assert_eq!(ram.types, [8]);
+    assert_eq!(
+        ram.transport.0.borrow().notifications[0],
+        1,
+        "the doorbell is rung at once"
+    );
+}
+
+#[test]
+fn short_device_id_loses_its_padding() {
+    let (mut device, mut ram) = setup();
+    ram.serial = b"brick-data1".to_vec();
+    // The device answers a few clock readings after the doorbell.
+    let (id, readings) = read_id(&mut device, &mut ram, Some(3));
+    let id = id.unwrap();
+    assert!(readings > 3);
+    assert_eq!(id.as_bytes(), b"brick-data1");
+    assert_eq!(id.to_string(), "brick-data1");
+    assert_eq!(format!("{id:?}"), "DeviceId(\"brick-data1\")");
+    assert!(!id.is_empty());
+
+    // No serial: an empty ID, not an error.
+    ram.serial.clear();
+    let (id, _) = read_id(&mut device, &mut ram, Some(0));
+    assert!(id.unwrap().is_empty());
+}
+
+#[test]
+fn device_id_bytes_are_escaped_for_the_log() {
+    let mut raw = [0u8; ID_BYTES];
+    raw[..4].copy_from_slice(b"a\xffb\n");
+    raw[5] = b'z'; // after the first NUL: padding, ignored
+    let id = DeviceId::from_raw(raw);
+    assert_eq!(id.as_bytes(), b"a\xffb\n");
+    assert_eq!(id.as_str(), None);
+    assert_eq!(id.to_string(), "a\\xffb\\n");
+}
+
+#[test]
+fn device_id_unsupported_and_other_statuses_are_errors() {
+    let (mut device, mut ram) = setup();
+    ram.serial = b"never-seen".to_vec();
+    let cases = [
+        (Behaviour::Status(2), GetIdError::Unsupported),
+        (Behaviour::Status(1), GetIdError::IoError),
+        (Behaviour::Status(9), GetIdError::BadStatus(9)),
+        (Behaviour::NoStatus, GetIdError::BadStatus(0xff)),
+    ];
+    for (behaviour, expected) in cases {
+        ram.next = behaviour;
+        let (result, _) = read_id(&mut device, &mut ram, Some(0));
+        assert_eq!(result, Err(expected), "{behaviour:?}");
+        assert!(!expected.to_string().is_empty());
+    }
+    assert!(GetIdError::Unsupported.to_string().contains("UNSUPP"));
+    // The device still works.
+    ram.next = Behaviour::Normal;
+    let (result, _) = read_id(&mut device, &mut ram, Some(0));
+    assert_eq!(result.unwrap().as_bytes(), b"never-seen");
+}
+
+#[test]
+fn device_that_never_answers_times_out_and_io_goes_on() {
+    let (mut device, mut ram) = setup();
+    ram.serial = b"late".to_vec();
+    let (result, readings) = read_id(&mut device, &mut ram, None);
+    assert_eq!(result, Err(GetIdError::Timeout));
+    // Bounded by the deadline: about timeout / step readings.
+    assert!(
+        (1000..=1002).contains(&readings),
+        "{readings} clock readings"
+    );
+    assert!(GetIdError::Timeout.to_string().contains("in time"));
+    // The chain stays with the device: a second GET_ID is refused.
+    let (again, _) = read_id(&mut device, &mut ram, Some(0));
+    assert_eq!(again, Err(GetIdError::Busy));
+
+    // IO goes on; the late answer is dropped, not taken for a completion.
+    let mut buffers = Buffers::new(2, 4096);
+    buffers.0[0] = pattern(9, 4096);
+    let write = Op::Write {
+        offset: 4096,
+        len: 4096,
+        buffer: 0,
+        fua: false,
+    };
+    device
+        .submit(Request { tag: 1, op: write }, &mut buffers)
+        .unwrap();
+    let done = poll_all(&mut device, &mut ram, &mut buffers);
+    assert_eq!(done.len(), 1);
+    assert_eq!((done[0].tag, done[0].result), (1, Ok(())));
+    assert_eq!(ram.types, [8, 1], "the late GET_ID reached the device");
+    let stats = device.stats();
+    assert_eq!(stats.queue.unknown_ids + stats.bad_status, 0, "{stats:?}");
+    // Answered now: GET_ID can be sent again.
+    let (id, _) = read_id(&mut device, &mut ram, Some(0));
+    assert_eq!(id.unwrap().as_bytes(), b"late");
+}
+
+#[test]
+fn device_id_is_refused_while_io_is_in_flight() {
+    let (mut device, mut ram) = setup();
+    let mut buffers = Buffers::new(1, 4096);
+    let read = Op::Read {
+        offset: 0,
+        len: 4096,
+        buffer: 0,
+    };
+    device
+        .submit(Request { tag: 1, op: read }, &mut buffers)
+        .unwrap();
+    let (result, _) = read_id(&mut device, &mut ram, Some(0));
+    assert_eq!(result, Err(GetIdError::Busy));
+    assert!(ram.types.is_empty(), "nothing sent");
+    let done = poll_all(&mut device, &mut ram, &mut buffers);
+    assert_eq!(done[0].result, Ok(()));
+    assert_eq!(ram.types, [0]);
+}
+
+#[test]
+fn io_works_after_the_device_id() {
+    let (mut device, mut ram) = setup();
+    ram.serial = b"disk-a".to_vec();
+    let (id, _) = read_id(&mut device, &mut ram, Some(0));
+    assert_eq!(id.unwrap().as_bytes(), b"disk-a");
+    assert_eq!(device.in_flight(), 0);
+    assert_eq!(device.poll_at(), None);
+    let mut buffers = Buffers::new(2, 8192);
+    buffers.0[0] = pattern(11, 8192);
+    let write = Op::Write {
+        offset: 0,
+        len: 8192,
+        buffer: 0,
+        fua: true,
+    };
+    device
+        .submit(Request { tag: 1, op: write }, &mut buffers)
+        .unwrap();
+    let read = Op::Read {
+        offset: 4096,
+        len: 4096,
+        buffer: 1,
+    };
+    let done = poll_all(&mut device, &mut ram, &mut buffers);
+    assert_eq!(done[0].result, Ok(()));
+    device
+        .submit(Request { tag: 2, op: read }, &mut buffers)
+        .unwrap();
+    let done = poll_all(&mut device, &mut ram, &mut buffers);
+    assert_eq!((done[0].tag, done[0].result), (2, Ok(())));
+    assert_eq!(buffers.0[1][..4096], pattern(11, 8192)[4096..]);
+    assert_eq!(ram.types, [8, 1, 4, 0]);
+    // Many more requests wrap past the GET_ID's descriptors: nothing leaks.
+    for tag in 3..300u64 {
+        device
+            .submit(Request { tag, op: read }, &mut buffers)
+            .unwrap();
+        let done = poll_all(&mut device, &mut ram, &mut buffers);
+        assert_eq!((done.len(), done[0].result), (1, Ok(())));
+    }
+    let stats = device.stats();
+    assert_eq!(stats.queue.unknown_ids + stats.queue.bad_used_index, 0);
+}
+
+/// A probe (the image's): a tiny queue, GET_ID, reset; then the real
+/// driver comes up on the same device and serves IO.
+#[test]
+fn reset_after_a_probe_then_the_device_comes_up_again() {
+    let memory = Memory::new(POOL_LEN + DMA_BUFFER_COUNT * DMA_BUFFER_LEN);
+    let transport = MockTransport::new(
+        feature::VERSION_1 | F_FLUSH,
+        &[128],
+        config_space(DISK_SECTORS, 512),
+    );
+    let mut pool = memory.pool(0, POOL_LEN);
+    let probe_config = BlkConfig {
+        queue_depth: 1,
+        queue_size: 4,
+        max_transfer: 1 << 20,
+        bounce: false,
+    };
+    let before = pool.remaining();
+    let mut probe = VirtioBlk::<usize, _>::new(transport.clone(), &mut pool, probe_config).unwrap();
+    assert!(before - pool.remaining() <= probe_config.dma_bytes());
+    let mut ram = RamDevice {
+        memory,
+        transport: transport.clone(),
+        disk: vec![0; (DISK_SECTORS * 512) as usize],
+        types: Vec::new(),
+        next: Behaviour::Normal,
+        serial: b"probed".to_vec(),
+    };
+    // A GET_ID the device never answers is dropped by the reset.
+    let (result, _) = read_id(&mut probe, &mut ram, None);
+    assert_eq!(result, Err(GetIdError::Timeout));
+    let transport = probe.reset().unwrap();
+    assert_eq!(ram.transport.0.borrow().status, 0);
+    assert!(ram.transport.0.borrow().queues[0].addresses.is_none());
+
+    let mut device = VirtioBlk::<usize, _>::new(transport, &mut pool, BlkConfig::default())
+        .expect("comes up again");
+    let (id, _) = read_id(&mut device, &mut ram, Some(0));
+    assert_eq!(id.unwrap().as_bytes(), b"probed");
+    let mut buffers = Buffers::new(1, 4096);
+    buffers.0[0] = pattern(13, 4096);
+    let write = Op::Write {
+        offset: 0,
+        len: 4096,
+        buffer: 0,
+        fua: false,
+    };
+    device
+        .submit(Request { tag: 1, op: write }, &mut buffers)
+        .unwrap();
+    let done = poll_all(&mut device, &mut ram, &mut buffers);
+    assert_eq!(done[0].result, Ok(()));
+    assert_eq!(ram.disk[..4096], pattern(13, 4096)[..]);
+    assert_eq!(ram.types, [8, 1], "the dropped GET_ID was never processed");
 }

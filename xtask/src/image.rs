@@ -19,11 +19,14 @@
 //! manifest interface, in order, connected as a client to the Unix socket
 //! with QEMU's stream framing (a relay's side, `cargo xtask relay`), with
 //! the interface's MAC; the image then serves. `--serve` drops the timeout:
-//! QEMU runs until killed (Ctrl-C).
+//! QEMU runs until killed (Ctrl-C). `--disk FILE` (repeatable) attaches a
+//! virtio-blk disk at [`disk_pci`]; `--disk-serial S` (repeatable, by
+//! rank) gives it a serial, for volumes with `serial = "..."`.
 //!
 //! [`suite`] is the `image` suite of `cargo xtask test` (default tier, no
 //! Linux VMs): one boot per [`BOOT_CASES`] entry, a clean boot and each
-//! refusal with its own QEMU status. `image-idle` ([`run_idle`]) prints
+//! refusal with its own QEMU status, and virtio-blk volumes by serial
+//! that boot until the image serves. `image-idle` ([`run_idle`]) prints
 //! QEMU's CPU use while the image serves with no client.
 
 use crate::paths;
@@ -75,6 +78,10 @@ pub struct RunImageArgs {
     /// `kind = "virtio-blk"` and `pci = "00:10.0"` ([`disk_pci`]).
     #[arg(long = "disk", value_name = "RAW_FILE")]
     disks: Vec<PathBuf>,
+    /// The serial (`VIRTIO_BLK_T_GET_ID`) of the `--disk` of the same
+    /// rank, for a volume with `serial = "..."` (at most 20 bytes).
+    #[arg(long = "disk-serial", value_name = "SERIAL")]
+    disk_serials: Vec<String>,
 }
 
 /// PCI slot of the first `--disk` (well above the slots QEMU assigns to
@@ -86,15 +93,35 @@ pub fn disk_pci(index: usize) -> String {
     format!("00:{:02x}.0", usize::from(DISK_SLOT_BASE) + index)
 }
 
+/// A virtio-blk disk for the guest: a raw file and, optionally, the
+/// serial the device answers `VIRTIO_BLK_T_GET_ID` with.
+#[derive(Clone, Debug)]
+pub struct Disk {
+    /// The raw file backing it.
+    pub path: PathBuf,
+    /// QEMU's `serial=` (a manifest volume with `serial = "..."` finds it).
+    pub serial: Option<String>,
+}
+
 /// `-drive`/`-device` arguments for disk `index` backed by the raw file
-/// `path`, a modern virtio-blk function at [`disk_pci`]`(index)`.
-fn disk_args(index: usize, path: &Path) -> Result<[String; 4]> {
+/// `path`, a modern virtio-blk function at [`disk_pci`]`(index)`, with
+/// `serial` as its device ID if given.
+fn disk_args(index: usize, path: &Path, serial: Option<&str>) -> Result<[String; 4]> {
     let file = path
         .to_str()
         .with_context(|| format!("--disk {}: path is not UTF-8", path.display()))?;
     if index + usize::from(DISK_SLOT_BASE) > 0x1f {
         bail!("at most {} disks", 0x20 - DISK_SLOT_BASE);
     }
+    let serial = match serial {
+        // QEMU's own limit is the virtio ID's 20 bytes; a comma would end
+        // the option.
+        Some(serial) if serial.is_empty() || serial.len() > 20 || serial.contains(',') => {
+            bail!("disk serial {serial:?}: 1 to 20 bytes, no comma")
+        }
+        Some(serial) => format!(",serial={serial}"),
+        None => String::new(),
+    };
     Ok([
         "-drive".into(),
         format!(
@@ -103,7 +130,7 @@ fn disk_args(index: usize, path: &Path) -> Result<[String; 4]> {
         ),
         "-device".into(),
         format!(
-            "virtio-blk-pci,drive=d{index},disable-legacy=on,addr={:02x}.0",
+            "virtio-blk-pci,drive=d{index},disable-legacy=on,addr={:02x}.0{serial}",
             usize::from(DISK_SLOT_BASE) + index
         ),
     ])
@@ -298,6 +325,24 @@ pub fn qemu_command(
     disks: &[PathBuf],
     nics: &[(PathBuf, [u8; 6])],
 ) -> Result<Vec<String>> {
+    let disks: Vec<Disk> = disks
+        .iter()
+        .map(|path| Disk {
+            path: path.clone(),
+            serial: None,
+        })
+        .collect();
+    qemu_command_with_disks(image, blob, memory_mib, &disks, nics)
+}
+
+/// [`qemu_command`] with disks that may have serials.
+pub fn qemu_command_with_disks(
+    image: &Path,
+    blob: &Path,
+    memory_mib: u64,
+    disks: &[Disk],
+    nics: &[(PathBuf, [u8; 6])],
+) -> Result<Vec<String>> {
     let blob = blob.to_str().context("manifest path is not UTF-8")?;
     let mut command: Vec<String> = ["qemu-system-x86_64", "-accel", "tcg", "-cpu", "max", "-m"]
         .map(String::from)
@@ -322,7 +367,7 @@ pub fn qemu_command(
     // Disks first: their fixed slots are then taken before QEMU picks the
     // NICs' slots.
     for (index, disk) in disks.iter().enumerate() {
-        command.extend(disk_args(index, disk)?);
+        command.extend(disk_args(index, &disk.path, disk.serial.as_deref())?);
     }
     for (index, (socket, mac)) in nics.iter().enumerate() {
         command.extend(nic_args(index, socket, *mac)?);
@@ -392,6 +437,13 @@ pub fn run(args: RunImageArgs) -> Result<()> {
     if let Some(append) = &args.append {
         qemu.arg("-append").arg(append);
     }
+    if args.disk_serials.len() > args.disks.len() {
+        bail!(
+            "{} --disk-serial for {} --disk",
+            args.disk_serials.len(),
+            args.disks.len()
+        );
+    }
     for (index, disk) in args.disks.iter().enumerate() {
         if !disk.is_file() {
             bail!(
@@ -399,7 +451,8 @@ pub fn run(args: RunImageArgs) -> Result<()> {
                 disk.display()
             );
         }
-        qemu.args(disk_args(index, disk)?);
+        let serial = args.disk_serials.get(index).map(String::as_str);
+        qemu.args(disk_args(index, disk, serial)?);
     }
     if !args.nics.is_empty() {
         let manifest = manifest::binary::Manifest::parse(&blob)
@@ -490,8 +543,12 @@ struct BootCase {
     /// NICs to attach (each to its own listening socket): with one, the
     /// image goes on to serve.
     nics: usize,
-    /// The QEMU exit status expected.
-    status: i32,
+    /// virtio-blk disks to attach (1 MiB sparse files at [`disk_pci`]`(i)`),
+    /// each with this serial if given.
+    disks: &'static [Option<&'static str>],
+    /// The QEMU exit status expected; `None`: the image serves (QEMU is
+    /// killed once it says "serving after").
+    status: Option<i32>,
     /// A line of the console that must appear.
     expect: &'static str,
 }
@@ -570,6 +627,60 @@ volumes = "*"
 mode = "rw"
 "#;
 
+/// [`SMALL`] plus a virtio-blk volume by serial ("brick-b"): the suite
+/// attaches two disks, the second with that serial.
+const SERIAL_DISK: &str = r#"
+[target]
+name = "brick-image-check"
+
+[[interfaces]]
+name = "eth0"
+mac = "52:54:00:77:00:01"
+address = "10.77.0.1/24"
+
+[[volumes]]
+name = "vol0"
+kind = "ram"
+size = "16MiB"
+
+[[volumes]]
+name = "disk1"
+kind = "virtio-blk"
+serial = "brick-b"
+
+[[access]]
+sessions = "*"
+volumes = "*"
+mode = "rw"
+"#;
+
+/// [`SERIAL_DISK`] plus a volume by PCI address on the first disk
+/// (00:10.0), whose serial may be the other volume's.
+const PCI_AND_SERIAL_DISKS: &str = r#"
+[target]
+name = "brick-image-check"
+
+[[interfaces]]
+name = "eth0"
+mac = "52:54:00:77:00:01"
+address = "10.77.0.1/24"
+
+[[volumes]]
+name = "disk0"
+kind = "virtio-blk"
+pci = "00:10.0"
+
+[[volumes]]
+name = "disk1"
+kind = "virtio-blk"
+serial = "brick-b"
+
+[[access]]
+sessions = "*"
+volumes = "*"
+mode = "rw"
+"#;
+
 /// Two interfaces; the suite attaches one NIC.
 const TWO_INTERFACES: &str = r#"
 [target]
@@ -599,8 +710,9 @@ mode = "rw"
 /// A manifest whose RAM volumes (512 MiB) cannot fit in 256 MiB of guest.
 const TWO_RAM_VOLUMES: &str = include_str!("../../examples/two-ram-volumes.toml");
 
-/// The cases of the `image` suite (default tier): a clean boot and each
-/// refusal, each with its own QEMU status. All boot the image under TCG
+/// The cases of the `image` suite (default tier): a clean boot, each
+/// refusal with its own QEMU status, and boots that serve (the log shows
+/// which disk each virtio-blk volume got). All boot the image under TCG
 /// in about a second.
 const BOOT_CASES: &[BootCase] = &[
     BootCase {
@@ -609,7 +721,8 @@ const BOOT_CASES: &[BootCase] = &[
         flip_byte: None,
         memory: None,
         nics: 0,
-        status: 33,
+        disks: &[],
+        status: Some(33),
         expect: "boot checks passed",
     },
     BootCase {
@@ -619,7 +732,8 @@ const BOOT_CASES: &[BootCase] = &[
         flip_byte: Some(40),
         memory: None,
         nics: 0,
-        status: 37,
+        disks: &[],
+        status: Some(37),
         expect: "checksum mismatch",
     },
     BootCase {
@@ -628,7 +742,8 @@ const BOOT_CASES: &[BootCase] = &[
         flip_byte: Some(0),
         memory: None,
         nics: 0,
-        status: 37,
+        disks: &[],
+        status: Some(37),
         expect: "magic",
     },
     BootCase {
@@ -637,7 +752,8 @@ const BOOT_CASES: &[BootCase] = &[
         flip_byte: None,
         memory: Some(256),
         nics: 0,
-        status: 39,
+        disks: &[],
+        status: Some(39),
         expect: "give the guest more memory",
     },
     BootCase {
@@ -646,7 +762,8 @@ const BOOT_CASES: &[BootCase] = &[
         flip_byte: None,
         memory: None,
         nics: 1,
-        status: 43,
+        disks: &[],
+        status: Some(43),
         expect: "the image cannot serve",
     },
     BootCase {
@@ -655,10 +772,61 @@ const BOOT_CASES: &[BootCase] = &[
         flip_byte: None,
         memory: None,
         nics: 1,
+        disks: &[],
         // The engine refuses it when it opens the volume (not the kind
         // check before it): a refused manifest.
-        status: 37,
+        status: Some(37),
         expect: "no virtio-blk device",
+    },
+    BootCase {
+        name: "virtio_blk_by_serial",
+        manifest: SERIAL_DISK,
+        flip_byte: None,
+        memory: None,
+        nics: 1,
+        disks: &[Some("brick-a"), Some("brick-b")],
+        status: None,
+        expect: "disk: volume disk1 on pci 00:11.0 (by serial; serial \"brick-b\")",
+    },
+    BootCase {
+        name: "virtio_blk_by_pci_and_serial",
+        manifest: PCI_AND_SERIAL_DISKS,
+        flip_byte: None,
+        memory: None,
+        nics: 1,
+        disks: &[None, Some("brick-b")],
+        status: None,
+        expect: "disk: volume disk0 on pci 00:10.0 (by PCI address; no serial)",
+    },
+    BootCase {
+        name: "virtio_blk_unknown_serial",
+        manifest: SERIAL_DISK,
+        flip_byte: None,
+        memory: None,
+        nics: 1,
+        disks: &[Some("brick-a"), None],
+        status: Some(37),
+        expect: "no virtio-blk device has serial \"brick-b\"",
+    },
+    BootCase {
+        name: "virtio_blk_serial_on_two_disks",
+        manifest: SERIAL_DISK,
+        flip_byte: None,
+        memory: None,
+        nics: 1,
+        disks: &[Some("brick-b"), Some("brick-b")],
+        status: Some(37),
+        expect: "serial \"brick-b\" is on more than one virtio-blk device",
+    },
+    BootCase {
+        name: "virtio_blk_disk_selected_twice",
+        manifest: PCI_AND_SERIAL_DISKS,
+        flip_byte: None,
+        memory: None,
+        nics: 1,
+        disks: &[Some("brick-b")],
+        status: Some(37),
+        expect: "pci 00:10.0 is also volume disk0's",
     },
     BootCase {
         name: "interface_without_nic",
@@ -666,7 +834,8 @@ const BOOT_CASES: &[BootCase] = &[
         flip_byte: None,
         memory: None,
         nics: 1,
-        status: 41,
+        disks: &[],
+        status: Some(41),
         expect: "no usable virtio-net device",
     },
 ];
@@ -748,22 +917,34 @@ fn run_boot_case(image: &Path, case: &BootCase) -> Result<String> {
                 .context("a NIC needs a valid manifest interface")?;
             nics.push((socket, mac));
         }
-        let command = qemu_command(image, &blob_path, memory, &[], &nics)?;
-        let (status, console) = boot_captured(&command, BOOT_CASE_TIMEOUT)?;
+        let mut disks = Vec::new();
+        for (index, serial) in case.disks.iter().enumerate() {
+            let path = scratch.join(format!("disk{index}.img"));
+            std::fs::File::create(&path)?.set_len(1 << 20)?;
+            disks.push(Disk {
+                path,
+                serial: serial.map(String::from),
+            });
+        }
+        let command = qemu_command_with_disks(image, &blob_path, memory, &disks, &nics)?;
+        let stop_at = case.status.is_none().then_some(SERVING);
+        let (status, console) = boot_captured(&command, BOOT_CASE_TIMEOUT, stop_at)?;
         drop(listeners);
-        let Some(status) = status else {
-            bail!(
+        let status = match (status, case.status) {
+            (Some(status), _) => status,
+            (None, None) if console.contains(SERVING) => SERVED,
+            (None, _) => bail!(
                 "timeout after {} s: QEMU killed\n{console}",
                 BOOT_CASE_TIMEOUT.as_secs()
-            );
+            ),
         };
-        if status != case.status || !console.contains(case.expect) {
+        let expected = case.status.unwrap_or(SERVED);
+        if status != expected || !console.contains(case.expect) {
             bail!(
-                "expected status {} ({}) and {:?} on the console; got status {status} ({})\n{console}",
-                case.status,
-                verdict(case.status),
+                "expected {} and {:?} on the console; got {}\n{console}",
+                Outcome(expected),
                 case.expect,
-                verdict(status)
+                Outcome(status)
             );
         }
         let boot = console
@@ -774,15 +955,39 @@ fn run_boot_case(image: &Path, case: &BootCase) -> Result<String> {
         let Some(boot) = boot.or_else(|| (status != 33).then(String::new)) else {
             bail!("no boot time (\"[brick] boot: ...\") on the console\n{console}");
         };
-        Ok(format!("{boot}, status {status}, {:?}", case.expect))
+        Ok(format!("{boot}, {}, {:?}", Outcome(status), case.expect))
     })();
     let _ = std::fs::remove_dir_all(&scratch);
     result
 }
 
+/// What the image says once it serves (the boot cases that serve stop
+/// there).
+const SERVING: &str = "[brick] serving after";
+
+/// The outcome of a boot case that served (not a QEMU status).
+const SERVED: i32 = i32::MIN;
+
+/// A boot case's outcome for messages: a QEMU status, or [`SERVED`].
+struct Outcome(i32);
+
+impl std::fmt::Display for Outcome {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            SERVED => f.write_str("serving (QEMU killed once it served)"),
+            status => write!(f, "status {status} ({})", verdict(status)),
+        }
+    }
+}
+
 /// Runs the QEMU `command` (program first) to its end or `timeout`,
-/// capturing the console; `None` as the status on timeout.
-fn boot_captured(command: &[String], timeout: Duration) -> Result<(Option<i32>, String)> {
+/// capturing the console; `None` as the status on timeout, or as soon as
+/// the console shows `stop_at` (QEMU is killed then).
+fn boot_captured(
+    command: &[String],
+    timeout: Duration,
+    stop_at: Option<&str>,
+) -> Result<(Option<i32>, String)> {
     let (program, args) = command.split_first().context("empty QEMU command")?;
     let mut child = Command::new(program)
         .args(args)
@@ -793,11 +998,24 @@ fn boot_captured(command: &[String], timeout: Duration) -> Result<(Option<i32>, 
         .context("could not start qemu-system-x86_64 (apt-get install qemu-system-x86)")?;
     let mut stdout = child.stdout.take().context("QEMU stdout")?;
     let mut stderr = child.stderr.take().context("QEMU stderr")?;
-    let out = std::thread::spawn(move || {
-        let mut text = Vec::new();
-        let _ = stdout.read_to_end(&mut text);
-        text
+    let captured = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let out = std::thread::spawn({
+        let captured = captured.clone();
+        move || {
+            let mut buffer = [0u8; 4096];
+            while let Ok(n @ 1..) = stdout.read(&mut buffer) {
+                if let Ok(mut text) = captured.lock() {
+                    text.extend_from_slice(&buffer[..n]);
+                }
+            }
+        }
     });
+    let reached = |marker: &str| {
+        captured.lock().is_ok_and(|text| {
+            text.windows(marker.len())
+                .any(|window| window == marker.as_bytes())
+        })
+    };
     let err = std::thread::spawn(move || {
         let mut text = Vec::new();
         let _ = stderr.read_to_end(&mut text);
@@ -808,14 +1026,16 @@ fn boot_captured(command: &[String], timeout: Duration) -> Result<(Option<i32>, 
         if let Some(status) = child.try_wait()? {
             break Some(status.code().unwrap_or(-1));
         }
-        if Instant::now() >= deadline {
+        if Instant::now() >= deadline || stop_at.is_some_and(reached) {
             let _ = child.kill();
             let _ = child.wait();
             break None;
         }
         std::thread::sleep(Duration::from_millis(20));
     };
-    let mut console = String::from_utf8_lossy(&out.join().unwrap_or_default()).into_owned();
+    let _ = out.join();
+    let text = captured.lock().map(|text| text.clone()).unwrap_or_default();
+    let mut console = String::from_utf8_lossy(&text).into_owned();
     let errors = err.join().unwrap_or_default();
     if !errors.is_empty() {
         console += "--- QEMU stderr ---\n";

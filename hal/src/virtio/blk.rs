@@ -44,6 +44,20 @@
 //!
 //! Status codes: `VIRTIO_BLK_S_OK` -> `Ok`, `IOERR` -> `EIO`, `UNSUPP` ->
 //! `EOPNOTSUPP`, anything else -> `EIO` (counted).
+//!
+//! # The device ID (serial)
+//!
+//! [`VirtioBlk::read_device_id`] sends `VIRTIO_BLK_T_GET_ID` (§5.2.6) and
+//! waits for it: a setup-time request, refused while IO is in flight, with
+//! its own 64 bytes of DMA memory (header, the 20-byte device-writable ID
+//! buffer, status) allocated with the slots, so nothing is allocated and no
+//! slot is touched. The ID is a string of up to 20 bytes
+//! (`VIRTIO_BLK_ID_BYTES`), NUL-padded when shorter (§5.2.6; QEMU
+//! `strncpy`s its `serial=`): [`DeviceId`] is the bytes before the first
+//! NUL, all 20 if there is none. The wait is bounded by a [`Clock`] deadline;
+//! a device that never answers yields [`GetIdError::Timeout`] and keeps the
+//! chain: its late completion lands in that private memory and is dropped
+//! by [`poll`](BlockDevice::poll), so it cannot disturb IO.
 
 use alloc::collections::VecDeque;
 use alloc::vec::Vec;
@@ -56,6 +70,7 @@ use crate::block::{
     SubmitError,
 };
 use crate::dma::{DmaPool, DmaSlice};
+use crate::Clock;
 
 /// `VIRTIO_BLK_F_SIZE_MAX`: `size_max` bounds each segment.
 pub const F_SIZE_MAX: u64 = 1 << 1;
@@ -79,6 +94,7 @@ mod request_type {
     pub const IN: u32 = 0;
     pub const OUT: u32 = 1;
     pub const FLUSH: u32 = 4;
+    pub const GET_ID: u32 = 8;
     pub const DISCARD: u32 = 11;
     pub const WRITE_ZEROES: u32 = 13;
 }
@@ -99,6 +115,13 @@ const SLOT_BYTES: usize = 64;
 const SEGMENT_OFFSET: usize = 16;
 const STATUS_OFFSET: usize = 32;
 const NO_SLOT: u16 = u16::MAX;
+/// `VIRTIO_BLK_ID_BYTES`: the device ID's length (§5.2.6).
+pub const ID_BYTES: usize = 20;
+/// Bytes of DMA memory for the GET_ID request: header 0..16, ID 16..36,
+/// status 48.
+const ID_REQUEST_BYTES: usize = 64;
+const ID_DATA_OFFSET: usize = 16;
+const ID_STATUS_OFFSET: usize = 48;
 
 /// Device configuration offsets (`struct virtio_blk_config`, §5.2.4).
 mod config_offset {
@@ -148,7 +171,17 @@ impl BlkConfig {
         } else {
             0
         };
-        16 * size + 4 + 2 * size + 4 + 8 * size + 32 + depth * SLOT_BYTES + 64 + bounce
+        16 * size
+            + 4
+            + 2 * size
+            + 4
+            + 8 * size
+            + 32
+            + depth * SLOT_BYTES
+            + 64
+            + ID_REQUEST_BYTES
+            + 64
+            + bounce
     }
 }
 
@@ -166,6 +199,90 @@ pub struct BlkStats {
     /// The queue's counters.
     pub queue: QueueStats,
 }
+
+/// A virtio-blk device ID (its serial): the bytes of the 20-byte
+/// `VIRTIO_BLK_T_GET_ID` answer before the first NUL (§5.2.6); empty if
+/// the device has none (QEMU without `serial=`).
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct DeviceId {
+    bytes: [u8; ID_BYTES],
+    len: u8,
+}
+
+impl DeviceId {
+    /// The ID in the 20 bytes the device wrote: up to the first NUL (all
+    /// 20 if there is none).
+    pub fn from_raw(raw: [u8; ID_BYTES]) -> Self {
+        let len = raw.iter().position(|byte| *byte == 0).unwrap_or(ID_BYTES);
+        let mut bytes = [0; ID_BYTES];
+        bytes[..len].copy_from_slice(&raw[..len]);
+        Self {
+            bytes,
+            len: len as u8,
+        }
+    }
+
+    /// The ID's bytes, without the padding.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.bytes[..usize::from(self.len)]
+    }
+
+    /// The ID as text, if it is UTF-8 (the spec does not say it is).
+    pub fn as_str(&self) -> Option<&str> {
+        core::str::from_utf8(self.as_bytes()).ok()
+    }
+
+    /// Whether the device reported an empty ID (no serial).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+/// The ID with bytes outside printable ASCII escaped (`\xNN`): safe to log.
+impl core::fmt::Display for DeviceId {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(f, "{}", self.as_bytes().escape_ascii())
+    }
+}
+
+impl core::fmt::Debug for DeviceId {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(f, "DeviceId(\"{self}\")")
+    }
+}
+
+/// Why [`VirtioBlk::read_device_id`] has no ID.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum GetIdError {
+    /// Requests are in flight, or an earlier GET_ID is still with the
+    /// device: GET_ID is a setup-time request.
+    Busy,
+    /// The device answered `VIRTIO_BLK_S_UNSUPP`: it gives no ID.
+    Unsupported,
+    /// The device answered `VIRTIO_BLK_S_IOERR`.
+    IoError,
+    /// The device returned the request with a status the spec does not
+    /// define (0xff: it never wrote one).
+    BadStatus(u8),
+    /// The device did not return the request before the deadline (it
+    /// keeps it; see the module docs).
+    Timeout,
+}
+
+impl core::fmt::Display for GetIdError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            Self::Busy => f.write_str("requests in flight: GET_ID is only sent when idle"),
+            Self::Unsupported => f.write_str("the device does not support GET_ID (UNSUPP)"),
+            Self::IoError => f.write_str("the device failed GET_ID (IOERR)"),
+            Self::BadStatus(status) => write!(f, "GET_ID returned with bad status {status:#04x}"),
+            Self::Timeout => f.write_str("the device did not answer GET_ID in time"),
+        }
+    }
+}
+
+impl core::error::Error for GetIdError {}
 
 /// What a slot's request is waiting for.
 #[derive(Clone, Copy, Debug)]
@@ -204,6 +321,10 @@ pub struct VirtioBlk<H: Copy, T: VirtioTransport> {
     max_write_zeroes: u64,
     queue: SplitQueue,
     slot_memory: DmaSlice,
+    /// The GET_ID request's header, ID buffer and status.
+    id_memory: DmaSlice,
+    /// The head of a GET_ID chain the device kept past its deadline.
+    id_head: Option<u16>,
     bounce: Option<DmaSlice>,
     slots: Vec<Slot<H>>,
     free_slots: Vec<u16>,
@@ -311,6 +432,7 @@ impl<H: Copy, T: VirtioTransport> VirtioBlk<H, T> {
         };
         let queue = SplitQueue::new(pool, 0, queue_size)?;
         let slot_memory = pool.alloc(usize::from(queue_depth) * SLOT_BYTES, 64)?;
+        let id_memory = pool.alloc(ID_REQUEST_BYTES, 64)?;
         let bounce = if config.bounce {
             Some(pool.alloc(usize::from(queue_depth) * max_transfer as usize, 4096)?)
         } else {
@@ -332,6 +454,7 @@ impl<H: Copy, T: VirtioTransport> VirtioBlk<H, T> {
             },
             queue,
             slot_memory,
+            id_memory,
             bounce,
         })
     }
@@ -362,6 +485,8 @@ impl<H: Copy, T: VirtioTransport> VirtioBlk<H, T> {
             max_write_zeroes: parts.max_write_zeroes,
             queue: parts.queue,
             slot_memory: parts.slot_memory,
+            id_memory: parts.id_memory,
+            id_head: None,
             bounce: parts.bounce,
             slots,
             free_slots,
@@ -387,6 +512,103 @@ impl<H: Copy, T: VirtioTransport> VirtioBlk<H, T> {
     /// The transport (for the owner's diagnostics).
     pub fn transport(&self) -> &T {
         &self.transport
+    }
+
+    /// Resets the device (§4.1.4.3.2: status 0; it then no longer uses
+    /// the queue or the memory it was given, and drops what it still had,
+    /// a timed-out GET_ID included) and returns the transport, so that the
+    /// device can be brought up again (a probe before the real driver).
+    /// The driver's DMA memory is not returned to the pool (it never
+    /// frees).
+    ///
+    /// # Errors
+    ///
+    /// [`InitError::ResetTimeout`] if the status does not read back 0.
+    pub fn reset(mut self) -> Result<T, InitError> {
+        self.transport.set_status(0);
+        let mut polls = 0;
+        while self.transport.status() != 0 {
+            polls += 1;
+            if polls >= super::RESET_POLLS {
+                return Err(InitError::ResetTimeout);
+            }
+            core::hint::spin_loop();
+        }
+        Ok(self.transport)
+    }
+
+    /// Reads the device ID (its serial) with `VIRTIO_BLK_T_GET_ID`,
+    /// waiting for the answer until `timeout_ns` of `clock` have passed
+    /// (the doorbell is rung at once). Meant for setup time, before the
+    /// device serves IO; IO works as before afterwards.
+    ///
+    /// # Errors
+    ///
+    /// [`GetIdError::Busy`] if requests are in flight (or a timed-out
+    /// GET_ID is still with the device); [`GetIdError::Unsupported`],
+    /// [`GetIdError::IoError`] or [`GetIdError::BadStatus`] for the
+    /// device's answer; [`GetIdError::Timeout`] if there is none in time.
+    pub fn read_device_id<C: Clock + ?Sized>(
+        &mut self,
+        clock: &C,
+        timeout_ns: u64,
+    ) -> Result<DeviceId, GetIdError> {
+        if self.in_flight() > 0 || !self.finished.is_empty() || self.id_head.is_some() {
+            return Err(GetIdError::Busy);
+        }
+        let memory = &self.id_memory;
+        memory.write_u32(0, request_type::GET_ID);
+        memory.write_u32(4, 0);
+        memory.write_u64(8, 0);
+        memory.fill(ID_DATA_OFFSET, ID_BYTES, 0);
+        memory.write_u8(ID_STATUS_OFFSET, STATUS_UNSET);
+        let chain = [
+            Segment {
+                address: memory.phys_at(0),
+                len: 16,
+                device_writes: false,
+            },
+            Segment {
+                address: memory.phys_at(ID_DATA_OFFSET),
+                len: ID_BYTES as u32,
+                device_writes: true,
+            },
+            Segment {
+                address: memory.phys_at(ID_STATUS_OFFSET),
+                len: 1,
+                device_writes: true,
+            },
+        ];
+        // Nothing is in flight, so every descriptor is free (a queue holds
+        // at least three: `queue_depth` is at most a third of its size).
+        let head = self.queue.push(&chain).map_err(|_| GetIdError::Busy)?;
+        self.queue.publish();
+        self.queue.kick(&mut self.transport);
+        let start = clock.now();
+        loop {
+            // Only this chain is in flight and `pop_used` drops ids that
+            // are not, so a used entry is its completion.
+            if let Some(used) = self.queue.pop_used() {
+                if used.head == head {
+                    break;
+                }
+            }
+            if clock.now().saturating_sub(start) >= timeout_ns {
+                self.id_head = Some(head);
+                return Err(GetIdError::Timeout);
+            }
+            core::hint::spin_loop();
+        }
+        match self.id_memory.read_u8(ID_STATUS_OFFSET) {
+            STATUS_OK => {
+                let mut raw = [0; ID_BYTES];
+                self.id_memory.read_bytes(ID_DATA_OFFSET, &mut raw);
+                Ok(DeviceId::from_raw(raw))
+            }
+            STATUS_IOERR => Err(GetIdError::IoError),
+            STATUS_UNSUPP => Err(GetIdError::Unsupported),
+            status => Err(GetIdError::BadStatus(status)),
+        }
     }
 
     fn bounce_offset(&self, slot: u16) -> usize {
@@ -591,6 +813,7 @@ struct Parts {
     max_write_zeroes: u64,
     queue: SplitQueue,
     slot_memory: DmaSlice,
+    id_memory: DmaSlice,
     bounce: Option<DmaSlice>,
 }
 
@@ -638,6 +861,11 @@ impl<H: Copy, T: VirtioTransport> BlockDevice<H> for VirtioBlk<H, T> {
             let Some(used) = self.queue.pop_used() else {
                 break;
             };
+            if self.id_head == Some(used.head) {
+                // A timed-out GET_ID, answered late: nobody waits for it.
+                self.id_head = None;
+                continue;
+            }
             let slot = core::mem::replace(&mut self.head_slot[usize::from(used.head)], NO_SLOT);
             let Some(state) = self.slots.get(usize::from(slot)).copied() else {
                 continue;

@@ -11,15 +11,17 @@
 //! one virtio-net device (`1af4:1041`) it then serves ([`serve`]): one NIC
 //! per manifest interface, the engine over RAM volumes, the poll loop,
 //! until the VM is stopped; virtio-blk volumes are the `1af4:1042`
-//! functions at the manifest's PCI addresses. Without a virtio-net device it runs the idle
-//! check and exits (the boot test).
+//! functions at the manifest's PCI addresses or with the manifest's serial
+//! (`VIRTIO_BLK_T_GET_ID`, [`serve::choose_disks`]). Without a virtio-net
+//! device it runs the idle check and exits (the boot test).
 //!
 //! Exit status through `isa-debug-exit` ([`port::ExitCode`]): 33 when the
 //! boot checks pass, 35 on a panic or CPU exception, 37 for a refused
-//! manifest, 39 when the manifest does not fit in memory, 41 when an
-//! interface has no usable virtio-net device, 43 for a volume kind the
-//! image does not serve yet (files, host block devices, virtio-blk by
-//! serial). Command line
+//! manifest (also a virtio-blk volume whose PCI address or serial names
+//! no disk, a serial on two disks, a disk two volumes select), 39 when the
+//! manifest does not fit in memory, 41 when an interface has no usable
+//! virtio-net device, 43 for a volume kind the image does not serve yet
+//! (files, host block devices). Command line
 //! words (`-append`): `idle` stays in the idle loop instead of exiting (to
 //! watch host CPU use); `panic` and `fault` (a `ud2`) exercise the failure
 //! paths; `zero-check` scans the heap for non-zero bytes at boot and
@@ -410,6 +412,13 @@ mod board {
         if let Some((blob, rings, stack)) = served {
             if virtio_nets.is_empty() {
                 log!("net: no virtio-net device: boot checks only, not serving");
+                // The disks are still chosen: the log shows which disk each
+                // virtio-blk volume gets, and a bad choice refuses the
+                // manifest (`run-image --disk` without `--nic`).
+                if let Ok(manifest) = Manifest::parse(&blob) {
+                    let mut pool = crate::serve::dma_pool(rings);
+                    crate::serve::choose_disks(&virtio_blks, &manifest, &mut pool, &clock);
+                }
             } else {
                 crate::serve::on_stack(stack, move || {
                     let manifest = match Manifest::parse(&blob) {
@@ -418,8 +427,10 @@ mod board {
                     };
                     crate::serve::check_volume_kinds(&manifest);
                     let mut pool = crate::serve::dma_pool(rings);
+                    let disks =
+                        crate::serve::choose_disks(&virtio_blks, &manifest, &mut pool, &clock);
                     let nics = crate::serve::open_nics(&virtio_nets, &manifest, &mut pool);
-                    crate::serve::serve(manifest, nics, &virtio_blks, pool, clock)
+                    crate::serve::serve(manifest, nics, disks, pool, clock)
                 });
             }
         }

@@ -18,7 +18,8 @@
 //! 256 KiB boot stack), checks that the heap holds the engine's registered
 //! arenas (allocated from the heap; the boot pool holds only the drivers'
 //! DMA memory), builds the engine ([`Volume`]: RAM volumes and virtio-blk
-//! disks (`1af4:1042`) at the manifest's PCI addresses, rings and bounce
+//! disks (`1af4:1042`) at the manifest's PCI addresses or with its serials
+//! ([`choose_disks`], before the NICs are opened), rings and bounce
 //! slots from the same DMA pool as the NICs, chunks transferred in place
 //! through [`Engine::set_identity_dma`]; keys from RDRAND) and runs the loop of
 //! `brick-target`: a bounded receive burst per NIC into
@@ -65,12 +66,13 @@
 #![allow(unsafe_code)]
 
 use alloc::boxed::Box;
+use alloc::string::String;
 use alloc::vec::Vec;
 use core::fmt;
 
 use hal::block::BlockDevice;
 use hal::dma::{DmaPool, DmaRegion};
-use hal::virtio::blk::VirtioBlk;
+use hal::virtio::blk::{BlkConfig, DeviceId, VirtioBlk};
 use hal::virtio::net::{NetConfig, VirtioNet};
 use hal::virtio::read_config_bytes;
 use hal::virtio::transport::{PciRegions, PciTransport, VirtioTransport};
@@ -160,18 +162,13 @@ pub fn is_virtio_blk(function: &Function) -> bool {
 
 /// Refuses (exit [`ExitCode::Unsupported`]) a manifest with a volume kind
 /// the image does not serve: it serves RAM volumes and virtio-blk volumes
-/// selected by PCI address. A virtio-blk volume selected by serial needs
-/// `VIRTIO_BLK_T_GET_ID`, which the driver does not send yet; files and
-/// host block devices are the hosted target's.
+/// (by PCI address or by serial, [`choose_disks`]); files and host block
+/// devices are the hosted target's.
 pub fn check_volume_kinds(manifest: &Manifest<'_>) {
     let mut refused = 0;
     for volume in manifest.volumes() {
         let why = match volume.backing {
-            Backing::Ram { .. } | Backing::VirtioBlk(VirtioSelector::Pci(_)) => continue,
-            Backing::VirtioBlk(VirtioSelector::Serial(_)) => {
-                "virtio-blk by serial is not supported yet (the driver does not send \
-                 VIRTIO_BLK_T_GET_ID): select the disk with `pci = \"bb:dd.f\"`"
-            }
+            Backing::Ram { .. } | Backing::VirtioBlk(_) => continue,
             _ => "not served by the image (RAM and virtio-blk volumes only)",
         };
         log!(
@@ -228,8 +225,10 @@ fn transport(function: &Function, intx: Intx) -> Result<PciTransport, &'static s
     // and its firmware-assigned memory BARs, checked to lie inside the
     // 0-4 GiB identity map (virtual == physical; QEMU's MMIO ignores the
     // cache type of the mapping); memory decoding and bus mastering were
-    // just enabled; the function is claimed once (each PCI function is
-    // visited once) and nothing else touches its registers.
+    // just enabled; at most one transport per function exists at a time
+    // (a NIC's is made once; a disk's probe transport is dropped after its
+    // reset, in `probe_disk`, before the volume's is made in `open_disk`)
+    // and nothing else touches its registers.
     unsafe { PciTransport::new(regions) }.ok_or("register block missing or too short")
 }
 
@@ -352,48 +351,243 @@ pub fn open_nics(
     nics
 }
 
-/// Opens the virtio-blk volume `volume` (selected by PCI address) from the
-/// virtio-blk `functions`, rings and bounce slots from `pool`.
-fn open_disk(
+/// How long a disk may take to answer `VIRTIO_BLK_T_GET_ID` (QEMU answers
+/// at once; a device that never does costs the boot this much).
+const GET_ID_TIMEOUT_NS: u64 = 200_000_000;
+
+/// The driver configuration of a probe: the smallest queue, no bounce
+/// buffers (a few hundred bytes of the pool per disk).
+const PROBE_CONFIG: BlkConfig = BlkConfig {
+    queue_depth: 1,
+    queue_size: 4,
+    max_transfer: 1 << 20,
+    bounce: false,
+};
+
+/// What the probe of one virtio-blk function found.
+struct Probe {
+    /// Its ID (serial; empty: none), or why there is none.
+    serial: Result<DeviceId, String>,
+    /// Its size in bytes, if it came up.
+    size: Option<u64>,
+}
+
+/// A serial (or its absence) for the log.
+struct SerialOf<'a>(&'a Result<DeviceId, String>);
+
+impl fmt::Display for SerialOf<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            Ok(id) if id.is_empty() => f.write_str("no serial"),
+            Ok(id) => write!(f, "serial \"{id}\""),
+            Err(why) => write!(f, "serial unknown ({why})"),
+        }
+    }
+}
+
+/// Brings up `function` with [`PROBE_CONFIG`], reads its size and its
+/// serial (`VIRTIO_BLK_T_GET_ID`), then resets it.
+fn probe_disk(function: &Function, pool: &mut DmaPool, clock: &Tsc) -> Probe {
+    let transport = match transport(function, Intx::Disabled) {
+        Ok(transport) => transport,
+        Err(why) => {
+            return Probe {
+                serial: Err(why.into()),
+                size: None,
+            }
+        }
+    };
+    let mut disk = match VirtioBlk::<(), PciTransport>::new(transport, pool, PROBE_CONFIG) {
+        Ok(disk) => disk,
+        Err(error) => {
+            return Probe {
+                serial: Err(alloc::format!("virtio-blk: {error}")),
+                size: None,
+            }
+        }
+    };
+    let size = disk.info().size;
+    let serial = disk
+        .read_device_id(clock, GET_ID_TIMEOUT_NS)
+        .map_err(|error| alloc::format!("GET_ID: {error}"));
+    // The reset also takes back a GET_ID the device never answered.
+    let serial = match disk.reset() {
+        Ok(_transport) => serial,
+        Err(error) => Err(alloc::format!("after GET_ID: {error}")),
+    };
+    Probe {
+        serial,
+        size: Some(size),
+    }
+}
+
+/// The virtio-blk functions and which one each virtio-blk volume got
+/// ([`choose_disks`]).
+pub struct Disks {
+    functions: Vec<Function>,
+    probes: Vec<Probe>,
+    /// Volume name -> index into `functions`.
+    chosen: Vec<(String, usize)>,
+}
+
+/// Chooses the virtio-blk function of each virtio-blk volume of `manifest`
+/// among `functions` (the `1af4:1042` functions, PCI order): by PCI
+/// address, or by the serial each function answers to
+/// `VIRTIO_BLK_T_GET_ID` (every function is probed with a tiny queue from
+/// `pool`, then reset, and logged with its serial and size). Refuses the
+/// manifest (exit [`ExitCode::BadManifest`], each reason logged) if a
+/// volume's PCI address has no disk, no disk or two disks have its serial,
+/// or two volumes select the same disk.
+pub fn choose_disks(
     functions: &[Function],
-    claimed: &mut [bool],
+    manifest: &Manifest<'_>,
+    pool: &mut DmaPool,
+    clock: &Tsc,
+) -> Disks {
+    let mut disks = Disks {
+        functions: functions.to_vec(),
+        probes: Vec::new(),
+        chosen: Vec::new(),
+    };
+    let wanted = manifest
+        .volumes()
+        .any(|volume| matches!(volume.backing, Backing::VirtioBlk(_)));
+    if !wanted {
+        return disks;
+    }
+    for function in functions {
+        let probe = probe_disk(function, pool, clock);
+        match probe.size {
+            Some(size) => log!(
+                "disk: pci {}: {}, {}",
+                function.address,
+                SerialOf(&probe.serial),
+                Bytes(size)
+            ),
+            None => log!(
+                "disk: pci {}: not usable: {}",
+                function.address,
+                SerialOf(&probe.serial)
+            ),
+        }
+        disks.probes.push(probe);
+    }
+    let mut refused = 0;
+    let mut owner: Vec<Option<&str>> = alloc::vec![None; functions.len()];
+    for volume in manifest.volumes() {
+        let Backing::VirtioBlk(selector) = volume.backing else {
+            continue;
+        };
+        let slot = match selector {
+            VirtioSelector::Pci(wanted) => functions
+                .iter()
+                .position(|function| {
+                    wanted.domain == 0
+                        && function.address.bus == wanted.bus
+                        && function.address.device == wanted.device
+                        && function.address.function == wanted.function
+                })
+                .ok_or_else(|| {
+                    alloc::format!(
+                        "no virtio-blk device (1af4:1042) at pci {wanted} ({} found): boot \
+                         QEMU with -device virtio-blk-pci,disable-legacy=on,addr={:02x}.{}",
+                        functions.len(),
+                        wanted.device,
+                        wanted.function
+                    )
+                }),
+            VirtioSelector::Serial(serial) => {
+                let mut matching = disks.probes.iter().enumerate().filter(|(_, probe)| {
+                    probe
+                        .serial
+                        .as_ref()
+                        .is_ok_and(|id| id.as_bytes() == serial.as_bytes())
+                });
+                match (matching.next(), matching.next()) {
+                    (Some((slot, _)), None) => Ok(slot),
+                    (None, _) => Err(alloc::format!(
+                        "no virtio-blk device has serial \"{serial}\" ({} found): boot QEMU \
+                         with -device virtio-blk-pci,drive=...,serial={serial}",
+                        functions.len()
+                    )),
+                    (Some((first, _)), Some((second, _))) => Err(alloc::format!(
+                        "serial \"{serial}\" is on more than one virtio-blk device (pci {} and \
+                         pci {}): give each disk its own serial or select it by `pci`",
+                        functions[first].address,
+                        functions[second].address
+                    )),
+                }
+            }
+        };
+        let slot = slot.and_then(|slot| match owner[slot] {
+            Some(other) => Err(alloc::format!(
+                "pci {} is also volume {other}'s: two volumes cannot share a disk",
+                functions[slot].address
+            )),
+            None => Ok(slot),
+        });
+        match slot {
+            Ok(slot) => {
+                owner[slot] = Some(volume.name);
+                let how = match selector {
+                    VirtioSelector::Serial(_) => "by serial",
+                    VirtioSelector::Pci(_) => "by PCI address",
+                };
+                log!(
+                    "disk: volume {} gets pci {} ({how}; {})",
+                    volume.name,
+                    functions[slot].address,
+                    SerialOf(&disks.probes[slot].serial)
+                );
+                disks.chosen.push((volume.name.into(), slot));
+            }
+            Err(why) => {
+                log!("volume {volume}: {why}");
+                refused += 1;
+            }
+        }
+    }
+    if refused > 0 {
+        fail(
+            ExitCode::BadManifest,
+            format_args!("{refused} virtio-blk volume(s) without a disk: manifest refused"),
+        );
+    }
+    disks
+}
+
+/// Opens the virtio-blk volume `volume` on the disk [`choose_disks`] gave
+/// it, rings and bounce slots from `pool`.
+fn open_disk(
+    disks: &Disks,
     pool: &mut DmaPool,
     config: &ServerConfig,
     volume: &manifest::binary::Volume<'_>,
 ) -> Result<Disk, BuildError> {
-    let refuse = |why: alloc::string::String| BuildError::Volume(volume.name.into(), why);
-    let Backing::VirtioBlk(VirtioSelector::Pci(wanted)) = volume.backing else {
-        return Err(refuse("not a virtio-blk volume by PCI address".into()));
+    let refuse = |why: String| BuildError::Volume(volume.name.into(), why);
+    let Some(&(_, slot)) = disks.chosen.iter().find(|(name, _)| name == volume.name) else {
+        return Err(refuse("no disk was chosen for this volume".into()));
     };
-    let slot = functions.iter().position(|function| {
-        wanted.domain == 0
-            && function.address.bus == wanted.bus
-            && function.address.device == wanted.device
-            && function.address.function == wanted.function
-    });
-    let Some(slot) = slot else {
-        return Err(refuse(alloc::format!(
-            "no virtio-blk device (1af4:1042) at pci {wanted} ({} found): boot QEMU with \
-             -device virtio-blk-pci,disable-legacy=on,addr={:02x}.{}",
-            functions.len(),
-            wanted.device,
-            wanted.function
-        )));
-    };
-    if core::mem::replace(&mut claimed[slot], true) {
-        return Err(refuse(alloc::format!(
-            "pci {wanted} is already another volume's"
-        )));
-    }
-    let transport = transport(&functions[slot], Intx::Disabled)
-        .map_err(|why| refuse(alloc::format!("pci {wanted}: {why}")))?;
+    let function = &disks.functions[slot];
+    let address = function.address;
+    let transport = transport(function, Intx::Disabled)
+        .map_err(|why| refuse(alloc::format!("pci {address}: {why}")))?;
     let disk = Disk::new(transport, pool, target_image::virtio_blk_config(config))
-        .map_err(|error| refuse(alloc::format!("pci {wanted}: virtio-blk: {error}")))?;
+        .map_err(|error| refuse(alloc::format!("pci {address}: virtio-blk: {error}")))?;
     let info = disk.info();
+    let how = match volume.backing {
+        Backing::VirtioBlk(VirtioSelector::Serial(_)) => "by serial",
+        _ => "by PCI address",
+    };
+    let serial = disks.probes.get(slot).map(|probe| &probe.serial);
     log!(
-        "disk: volume {} on pci {}: {} in {}-byte blocks, write cache {}, features {:#x}, DMA left {} KiB",
+        "disk: volume {} on pci {address} ({how}; {}): {} in {}-byte blocks, write cache {}, \
+         features {:#x}, DMA left {} KiB",
         volume.name,
-        functions[slot].address,
+        match serial {
+            Some(serial) => alloc::format!("{}", SerialOf(serial)),
+            None => "serial not read".into(),
+        },
         Bytes(info.size),
         info.logical_block_size,
         info.volatile_write_cache,
@@ -432,7 +626,7 @@ fn gather<'a>(payload: &[&'a [u8]], trailer: &'a [u8], out: &mut [&'a [u8]; 8]) 
 pub fn serve(
     manifest: Manifest<'_>,
     nics: Vec<OpenNic>,
-    disks: &[Function],
+    disks: Disks,
     mut pool: DmaPool,
     clock: Tsc,
 ) -> ! {
@@ -464,11 +658,10 @@ pub fn serve(
     // opened, then the rest of the engine (registered arenas, tables).
     let build_start = clock.now();
     let mut volumes_ns = 0;
-    let mut claimed = alloc::vec![false; disks.len()];
     let open = |config: &ServerConfig, volume: &manifest::binary::Volume<'_>| {
         let start = clock.now();
         let opened = match volume.backing {
-            Backing::VirtioBlk(_) => open_disk(disks, &mut claimed, &mut pool, config, volume)
+            Backing::VirtioBlk(_) => open_disk(&disks, &mut pool, config, volume)
                 .map(|disk| Volume::Device(Box::new(disk))),
             _ => target_image::ram_volume(volume).map(|ram| Volume::Ram(Box::new(ram))),
         };
