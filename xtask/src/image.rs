@@ -553,37 +553,33 @@ struct BootCase {
     expect: &'static str,
 }
 
+/// A boot-check manifest: target `brick-image-check`, interface `eth0`
+/// (10.77.0.1/24), then `$body` (more interfaces, the volumes), then an
+/// access rule letting every session open every volume read-write.
+macro_rules! check_manifest {
+    ($body:literal) => {
+        concat!(
+            "\n[target]\nname = \"brick-image-check\"\n\n\
+             [[interfaces]]\nname = \"eth0\"\nmac = \"52:54:00:77:00:01\"\naddress = \"10.77.0.1/24\"\n",
+            $body,
+            "\n[[access]]\nsessions = \"*\"\nvolumes = \"*\"\nmode = \"rw\"\n"
+        )
+    };
+}
+
 /// One interface, one 16 MiB RAM volume: the smallest manifest that serves.
-const SMALL: &str = r#"
-[target]
-name = "brick-image-check"
-
-[[interfaces]]
-name = "eth0"
-mac = "52:54:00:77:00:01"
-address = "10.77.0.1/24"
-
+const SMALL: &str = check_manifest!(
+    r#"
 [[volumes]]
 name = "vol0"
 kind = "ram"
 size = "16MiB"
-
-[[access]]
-sessions = "*"
-volumes = "*"
-mode = "rw"
-"#;
+"#
+);
 
 /// [`SMALL`] plus a file-backed volume, which only the hosted target serves.
-const FILE_VOLUME: &str = r#"
-[target]
-name = "brick-image-check"
-
-[[interfaces]]
-name = "eth0"
-mac = "52:54:00:77:00:01"
-address = "10.77.0.1/24"
-
+const FILE_VOLUME: &str = check_manifest!(
+    r#"
 [[volumes]]
 name = "vol0"
 kind = "ram"
@@ -594,23 +590,12 @@ name = "file0"
 kind = "file"
 path = "/var/lib/brick/file0.img"
 size = "64MiB"
-
-[[access]]
-sessions = "*"
-volumes = "*"
-mode = "rw"
-"#;
+"#
+);
 
 /// [`SMALL`] plus a virtio-blk volume at a PCI slot with no disk.
-const MISSING_DISK: &str = r#"
-[target]
-name = "brick-image-check"
-
-[[interfaces]]
-name = "eth0"
-mac = "52:54:00:77:00:01"
-address = "10.77.0.1/24"
-
+const MISSING_DISK: &str = check_manifest!(
+    r#"
 [[volumes]]
 name = "vol0"
 kind = "ram"
@@ -620,24 +605,13 @@ size = "16MiB"
 name = "disk0"
 kind = "virtio-blk"
 pci = "00:10.0"
-
-[[access]]
-sessions = "*"
-volumes = "*"
-mode = "rw"
-"#;
+"#
+);
 
 /// [`SMALL`] plus a virtio-blk volume by serial ("brick-b"): the suite
 /// attaches two disks, the second with that serial.
-const SERIAL_DISK: &str = r#"
-[target]
-name = "brick-image-check"
-
-[[interfaces]]
-name = "eth0"
-mac = "52:54:00:77:00:01"
-address = "10.77.0.1/24"
-
+const SERIAL_DISK: &str = check_manifest!(
+    r#"
 [[volumes]]
 name = "vol0"
 kind = "ram"
@@ -647,24 +621,13 @@ size = "16MiB"
 name = "disk1"
 kind = "virtio-blk"
 serial = "brick-b"
-
-[[access]]
-sessions = "*"
-volumes = "*"
-mode = "rw"
-"#;
+"#
+);
 
 /// [`SERIAL_DISK`] plus a volume by PCI address on the first disk
 /// (00:10.0), whose serial may be the other volume's.
-const PCI_AND_SERIAL_DISKS: &str = r#"
-[target]
-name = "brick-image-check"
-
-[[interfaces]]
-name = "eth0"
-mac = "52:54:00:77:00:01"
-address = "10.77.0.1/24"
-
+const PCI_AND_SERIAL_DISKS: &str = check_manifest!(
+    r#"
 [[volumes]]
 name = "disk0"
 kind = "virtio-blk"
@@ -674,23 +637,12 @@ pci = "00:10.0"
 name = "disk1"
 kind = "virtio-blk"
 serial = "brick-b"
-
-[[access]]
-sessions = "*"
-volumes = "*"
-mode = "rw"
-"#;
+"#
+);
 
 /// Two interfaces; the suite attaches one NIC.
-const TWO_INTERFACES: &str = r#"
-[target]
-name = "brick-image-check"
-
-[[interfaces]]
-name = "eth0"
-mac = "52:54:00:77:00:01"
-address = "10.77.0.1/24"
-
+const TWO_INTERFACES: &str = check_manifest!(
+    r#"
 [[interfaces]]
 name = "eth1"
 mac = "52:54:00:78:00:01"
@@ -700,12 +652,8 @@ address = "10.78.0.1/24"
 name = "vol0"
 kind = "ram"
 size = "16MiB"
-
-[[access]]
-sessions = "*"
-volumes = "*"
-mode = "rw"
-"#;
+"#
+);
 
 /// A manifest whose RAM volumes (512 MiB) cannot fit in 256 MiB of guest.
 const TWO_RAM_VOLUMES: &str = include_str!("../../examples/two-ram-volumes.toml");
@@ -1171,6 +1119,24 @@ mod tests {
     /// (`PoolPlan::guest_mib` with the 32 MiB engine stack and 64 MiB of
     /// slack): registered memory counted once, ~1.1 GiB (it was 2281 MiB
     /// when the boot pool also reserved every session's chunk pool).
+    /// Every boot-check manifest compiles (the refusals are the image's,
+    /// not the compiler's) and keeps the shared header and access rule.
+    #[test]
+    fn test_check_manifests_compile() {
+        for (name, text) in [
+            ("SMALL", SMALL),
+            ("FILE_VOLUME", FILE_VOLUME),
+            ("MISSING_DISK", MISSING_DISK),
+            ("SERIAL_DISK", SERIAL_DISK),
+            ("PCI_AND_SERIAL_DISKS", PCI_AND_SERIAL_DISKS),
+            ("TWO_INTERFACES", TWO_INTERFACES),
+        ] {
+            let config = manifest::compile(text, name).unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert_eq!(config.interfaces[0].name, "eth0", "{name}");
+            assert!(text.ends_with("mode = \"rw\"\n"), "{name}");
+        }
+    }
+
     #[test]
     fn test_guest_mib_example() {
         let path = crate::paths::repo().join("examples/two-ram-volumes.toml");
