@@ -234,6 +234,27 @@ fn poll_all<A: BufferAccess<usize>>(
     done
 }
 
+/// Fills buffer 0 with `pattern(seed, len)` and submits it as write `tag`
+/// at `offset`.
+fn submit_pattern_write(
+    device: &mut VirtioBlk<usize, MockTransport>,
+    buffers: &mut Buffers,
+    tag: u64,
+    offset: u64,
+    len: usize,
+    seed: u8,
+    fua: bool,
+) {
+    buffers.0[0] = pattern(seed, len);
+    let write = Op::Write {
+        offset,
+        len: len as u32,
+        buffer: 0,
+        fua,
+    };
+    device.submit(Request { tag, op: write }, buffers).unwrap();
+}
+
 fn pattern(seed: u8, len: usize) -> Vec<u8> {
     (0..len)
         .map(|i| (i as u8).wrapping_mul(seed).wrapping_add(seed))
@@ -631,16 +652,7 @@ fn misbehaving_device_is_counted_and_ignored() {
     let (mut device, mut ram) = setup();
     let memory = ram.memory.clone();
     let mut buffers = Buffers::new(2, 4096);
-    buffers.0[0] = pattern(5, 4096);
-    let write = Op::Write {
-        offset: 0,
-        len: 4096,
-        buffer: 0,
-        fua: false,
-    };
-    device
-        .submit(Request { tag: 1, op: write }, &mut buffers)
-        .unwrap();
+    submit_pattern_write(&mut device, &mut buffers, 1, 0, 4096, 5, false);
     device.poll(0, &mut buffers, 16, &mut |_| panic!("nothing finished yet"));
     let head = {
         let mut state = ram.transport.0.borrow_mut();
@@ -926,16 +938,7 @@ fn device_that_never_answers_times_out_and_io_goes_on() {
 
     // IO goes on; the late answer is dropped, not taken for a completion.
     let mut buffers = Buffers::new(2, 4096);
-    buffers.0[0] = pattern(9, 4096);
-    let write = Op::Write {
-        offset: 4096,
-        len: 4096,
-        buffer: 0,
-        fua: false,
-    };
-    device
-        .submit(Request { tag: 1, op: write }, &mut buffers)
-        .unwrap();
+    submit_pattern_write(&mut device, &mut buffers, 1, 4096, 4096, 9, false);
     let done = poll_all(&mut device, &mut ram, &mut buffers);
     assert_eq!(done.len(), 1);
     assert_eq!((done[0].tag, done[0].result), (1, Ok(())));
@@ -976,16 +979,7 @@ fn io_works_after_the_device_id() {
     assert_eq!(device.in_flight(), 0);
     assert_eq!(device.poll_at(), None);
     let mut buffers = Buffers::new(2, 8192);
-    buffers.0[0] = pattern(11, 8192);
-    let write = Op::Write {
-        offset: 0,
-        len: 8192,
-        buffer: 0,
-        fua: true,
-    };
-    device
-        .submit(Request { tag: 1, op: write }, &mut buffers)
-        .unwrap();
+    submit_pattern_write(&mut device, &mut buffers, 1, 0, 8192, 11, true);
     let read = Op::Read {
         offset: 4096,
         len: 4096,
@@ -1052,16 +1046,7 @@ fn reset_after_a_probe_then_the_device_comes_up_again() {
     let (id, _) = read_id(&mut device, &mut ram, Some(0));
     assert_eq!(id.unwrap().as_bytes(), b"probed");
     let mut buffers = Buffers::new(1, 4096);
-    buffers.0[0] = pattern(13, 4096);
-    let write = Op::Write {
-        offset: 0,
-        len: 4096,
-        buffer: 0,
-        fua: false,
-    };
-    device
-        .submit(Request { tag: 1, op: write }, &mut buffers)
-        .unwrap();
+    submit_pattern_write(&mut device, &mut buffers, 1, 0, 4096, 13, false);
     let done = poll_all(&mut device, &mut ram, &mut buffers);
     assert_eq!(done[0].result, Ok(()));
     assert_eq!(ram.disk[..4096], pattern(13, 4096)[..]);

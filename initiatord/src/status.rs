@@ -195,6 +195,23 @@ mod tests {
     use crate::observe::observe;
     use crate::reconcile::{reconcile, Memory, Options};
 
+    /// The status after one reconciliation pass of `config` against a
+    /// fake kernel whose target exports only `vol0`.
+    fn status_after_one_pass(config: &Config) -> Status {
+        let mut kernel = FakeKernel::new();
+        kernel.export("vol0");
+        reconcile(
+            &mut kernel,
+            config,
+            &mut Memory::default(),
+            std::time::Instant::now(),
+            Options::default(),
+            &mut |_| {},
+        )
+        .unwrap();
+        Status::new(config, &observe(&kernel).unwrap(), &[])
+    }
+
     #[test]
     fn test_status_json_and_text() {
         let config = parse(
@@ -203,18 +220,7 @@ mod tests {
             "t.toml",
         )
         .unwrap();
-        let mut kernel = FakeKernel::new();
-        kernel.export("vol0");
-        reconcile(
-            &mut kernel,
-            &config,
-            &mut Memory::default(),
-            std::time::Instant::now(),
-            Options::default(),
-            &mut |_| {},
-        )
-        .unwrap();
-        let status = Status::new(&config, &observe(&kernel).unwrap(), &[]);
+        let status = status_after_one_pass(&config);
         assert!(!status.converged);
         assert_eq!(
             status.to_json(),
@@ -245,18 +251,7 @@ mod tests {
             "t.toml",
         )
         .unwrap();
-        let mut kernel = FakeKernel::new();
-        kernel.export("vol0");
-        reconcile(
-            &mut kernel,
-            &config,
-            &mut Memory::default(),
-            std::time::Instant::now(),
-            Options::default(),
-            &mut |_| {},
-        )
-        .unwrap();
-        let mut status = Status::new(&config, &observe(&kernel).unwrap(), &[]);
+        let mut status = status_after_one_pass(&config);
         // The export is not a kernel volume: converged without it.
         assert!(status.converged);
         assert_eq!(status.volumes.len(), 1);
