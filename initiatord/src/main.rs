@@ -69,9 +69,10 @@ struct Args {
     /// The control socket.
     #[arg(long, global = true, default_value = DEFAULT_SOCKET)]
     socket: PathBuf,
-    /// Where volumes added with `brick map` are kept.
-    #[arg(long, default_value = DEFAULT_STATE)]
-    state: PathBuf,
+    /// Where volumes added with `brick map` are kept (default
+    /// `/run/brick/initiatord-volumes.toml`, under `--root`).
+    #[arg(long)]
+    state: Option<PathBuf>,
     /// Root of the file system to manage (tests; default `/`).
     #[arg(long, default_value = "/", hide = true)]
     root: PathBuf,
@@ -141,10 +142,14 @@ fn main() -> ExitCode {
         ));
         return ExitCode::SUCCESS;
     }
-    match daemon.with_state(&args.state) {
+    let state = args
+        .state
+        .clone()
+        .unwrap_or_else(|| args.root.join(DEFAULT_STATE.trim_start_matches('/')));
+    match daemon.with_state(&state) {
         Ok(superseded) if !superseded.is_empty() => log(&format!(
             "run-time volumes {superseded:?} dropped from {}: the config file names them now",
-            args.state.display()
+            state.display()
         )),
         Ok(_) => {}
         Err(e) => {

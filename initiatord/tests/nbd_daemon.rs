@@ -39,14 +39,22 @@ fn export_volume(name: &str, socket: &Path, port: u16) -> String {
 const KERNEL_VOLUME: &str =
     "[[volumes]]\nname = \"k\"\nsession = \"s\"\ndevice_path = \"v\"\npaths = [\"10.0.0.1\"]\n\n";
 
-fn run(dir: &Path, args: &[&str]) -> (i32, String) {
-    let output = Command::new(DAEMON)
+/// The daemon on `dir`'s config and control socket, managing `dir/root`
+/// (its state file too) instead of `/`.
+fn daemon_command(dir: &Path) -> Command {
+    let mut command = Command::new(DAEMON);
+    command
         .arg("--config")
         .arg(dir.join("initiator.toml"))
         .arg("--socket")
         .arg(dir.join("control.sock"))
         .arg("--root")
-        .arg(dir.join("root"))
+        .arg(dir.join("root"));
+    command
+}
+
+fn run(dir: &Path, args: &[&str]) -> (i32, String) {
+    let output = daemon_command(dir)
         .args(args)
         .stdin(Stdio::null())
         .output()
@@ -125,13 +133,7 @@ impl Daemon {
     fn start(dir: &Path) -> Self {
         let log = dir.join("daemon.log");
         let file = std::fs::File::create(&log).unwrap();
-        let child = Command::new(DAEMON)
-            .arg("--config")
-            .arg(dir.join("initiator.toml"))
-            .arg("--socket")
-            .arg(dir.join("control.sock"))
-            .arg("--root")
-            .arg(dir.join("root"))
+        let child = daemon_command(dir)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(file)
