@@ -144,6 +144,18 @@ impl RamDevice {
 /// Buffers in guest memory: zero copy through `dma_address`.
 struct DmaBuffers(Rc<Memory>);
 
+/// Where DMA buffer `buffer` starts in the mock's memory, if it exists and
+/// holds `len` bytes.
+fn dma_buffer_offset(buffer: usize, len: u32) -> Result<usize, BufferError> {
+    if buffer >= DMA_BUFFER_COUNT {
+        return Err(BufferError::Stale);
+    }
+    if len as usize > DMA_BUFFER_LEN {
+        return Err(BufferError::TooShort);
+    }
+    Ok(DMA_BUFFERS + buffer * DMA_BUFFER_LEN)
+}
+
 impl BufferAccess<usize> for DmaBuffers {
     fn with_slice<R>(
         &self,
@@ -151,16 +163,8 @@ impl BufferAccess<usize> for DmaBuffers {
         len: u32,
         f: impl FnOnce(&[u8]) -> R,
     ) -> Result<R, BufferError> {
-        if buffer >= DMA_BUFFER_COUNT {
-            return Err(BufferError::Stale);
-        }
-        if len as usize > DMA_BUFFER_LEN {
-            return Err(BufferError::TooShort);
-        }
-        Ok(f(self.0.bytes(
-            DMA_BUFFERS + buffer * DMA_BUFFER_LEN,
-            len as usize,
-        )))
+        let offset = dma_buffer_offset(buffer, len)?;
+        Ok(f(self.0.bytes(offset, len as usize)))
     }
 
     fn with_slice_mut<R>(
@@ -169,21 +173,14 @@ impl BufferAccess<usize> for DmaBuffers {
         len: u32,
         f: impl FnOnce(&mut [u8]) -> R,
     ) -> Result<R, BufferError> {
-        if buffer >= DMA_BUFFER_COUNT {
-            return Err(BufferError::Stale);
-        }
-        if len as usize > DMA_BUFFER_LEN {
-            return Err(BufferError::TooShort);
-        }
-        Ok(f(self.0.bytes_mut(
-            DMA_BUFFERS + buffer * DMA_BUFFER_LEN,
-            len as usize,
-        )))
+        let offset = dma_buffer_offset(buffer, len)?;
+        Ok(f(self.0.bytes_mut(offset, len as usize)))
     }
 
     fn dma_address(&self, buffer: usize, len: u32) -> Option<u64> {
-        (buffer < DMA_BUFFER_COUNT && len as usize <= DMA_BUFFER_LEN)
-            .then(|| mock::PHYS_BASE + (DMA_BUFFERS + buffer * DMA_BUFFER_LEN) as u64)
+        dma_buffer_offset(buffer, len)
+            .ok()
+            .map(|offset| mock::PHYS_BASE + offset as u64)
     }
 }
 
