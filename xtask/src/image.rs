@@ -555,9 +555,16 @@ struct BootCase {
 
 /// A boot-check manifest: target `brick-image-check`, interface `eth0`
 /// (10.77.0.1/24), then `$body` (more interfaces, the volumes), then an
-/// access rule letting every session open every volume read-write.
+/// access rule letting every session open every volume read-write. With
+/// `vol0,` first, a 16 MiB RAM volume `vol0` comes before `$body`.
 macro_rules! check_manifest {
-    ($body:literal) => {
+    (vol0, $body:literal) => {
+        check_manifest!(concat!(
+            "\n[[volumes]]\nname = \"vol0\"\nkind = \"ram\"\nsize = \"16MiB\"\n",
+            $body
+        ))
+    };
+    ($body:expr) => {
         concat!(
             "\n[target]\nname = \"brick-image-check\"\n\n\
              [[interfaces]]\nname = \"eth0\"\nmac = \"52:54:00:77:00:01\"\naddress = \"10.77.0.1/24\"\n",
@@ -568,23 +575,12 @@ macro_rules! check_manifest {
 }
 
 /// One interface, one 16 MiB RAM volume: the smallest manifest that serves.
-const SMALL: &str = check_manifest!(
-    r#"
-[[volumes]]
-name = "vol0"
-kind = "ram"
-size = "16MiB"
-"#
-);
+const SMALL: &str = check_manifest!(vol0, r#""#);
 
 /// [`SMALL`] plus a file-backed volume, which only the hosted target serves.
 const FILE_VOLUME: &str = check_manifest!(
+    vol0,
     r#"
-[[volumes]]
-name = "vol0"
-kind = "ram"
-size = "16MiB"
-
 [[volumes]]
 name = "file0"
 kind = "file"
@@ -595,12 +591,8 @@ size = "64MiB"
 
 /// [`SMALL`] plus a virtio-blk volume at a PCI slot with no disk.
 const MISSING_DISK: &str = check_manifest!(
+    vol0,
     r#"
-[[volumes]]
-name = "vol0"
-kind = "ram"
-size = "16MiB"
-
 [[volumes]]
 name = "disk0"
 kind = "virtio-blk"
@@ -611,12 +603,8 @@ pci = "00:10.0"
 /// [`SMALL`] plus a virtio-blk volume by serial ("brick-b"): the suite
 /// attaches two disks, the second with that serial.
 const SERIAL_DISK: &str = check_manifest!(
+    vol0,
     r#"
-[[volumes]]
-name = "vol0"
-kind = "ram"
-size = "16MiB"
-
 [[volumes]]
 name = "disk1"
 kind = "virtio-blk"
@@ -642,16 +630,12 @@ serial = "brick-b"
 
 /// Two interfaces; the suite attaches one NIC.
 const TWO_INTERFACES: &str = check_manifest!(
+    vol0,
     r#"
 [[interfaces]]
 name = "eth1"
 mac = "52:54:00:78:00:01"
 address = "10.78.0.1/24"
-
-[[volumes]]
-name = "vol0"
-kind = "ram"
-size = "16MiB"
 "#
 );
 
@@ -1131,8 +1115,14 @@ mod tests {
             ("PCI_AND_SERIAL_DISKS", PCI_AND_SERIAL_DISKS),
             ("TWO_INTERFACES", TWO_INTERFACES),
         ] {
+            if name == "TWO_INTERFACES" {
+                assert_eq!(manifest::compile(text, name).unwrap().interfaces.len(), 2);
+            }
             let config = manifest::compile(text, name).unwrap_or_else(|e| panic!("{name}: {e}"));
             assert_eq!(config.interfaces[0].name, "eth0", "{name}");
+            if name != "PCI_AND_SERIAL_DISKS" {
+                assert_eq!(config.volumes[0].name, "vol0", "{name}");
+            }
             assert!(text.ends_with("mode = \"rw\"\n"), "{name}");
         }
     }
