@@ -53,7 +53,6 @@
 //! volume) a session name. `access_mode = "ro"` makes the export
 //! read-only.
 
-use std::collections::BTreeMap;
 use std::fmt;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::ops::Range;
@@ -427,6 +426,103 @@ struct RawVolume {
     link: Option<Spanned<String>>,
 }
 
+/// Why `volume` cannot join `earlier` (the volumes before it in a config,
+/// or the config in force for a volume mapped at run time), naming the
+/// field at fault.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct Conflict {
+    /// `name`, `session`, `device_path`, `export`, `link` or `paths`.
+    pub field: &'static str,
+    /// What was expected and what was found.
+    pub message: String,
+}
+
+/// The first rule `volume` breaks against `earlier`: names are unique; a
+/// volume with `export` has a session of its own; the rnbd client maps a
+/// device once per session; exports and their links are unique; volumes
+/// sharing a session list the same paths and port.
+pub fn conflict(earlier: &[Volume], volume: &Volume) -> Option<Conflict> {
+    let found = |field, message| Some(Conflict { field, message });
+    if let Some(first) = earlier.iter().find(|v| v.name == volume.name) {
+        return found(
+            "name",
+            format!(
+                "expected a unique name, found {:?} again (first on line {})",
+                volume.name, first.line
+            ),
+        );
+    }
+    if let Some(first) = earlier
+        .iter()
+        .find(|v| v.session == volume.session && (v.is_userspace() || volume.is_userspace()))
+    {
+        return found(
+            "session",
+            format!(
+                "session {:?} is already used by volume {:?} (line {}); \
+                 a volume with `export` has an RTRS session of its own",
+                volume.session, first.name, first.line
+            ),
+        );
+    }
+    if let Some(first) = earlier
+        .iter()
+        .find(|v| v.session == volume.session && v.device_path == volume.device_path)
+    {
+        return found(
+            "device_path",
+            format!(
+                "{:?} is already mapped in session {:?} by volume {:?} (line {}); \
+                 the rnbd client maps a device once per session",
+                volume.device_path, volume.session, first.name, first.line
+            ),
+        );
+    }
+    if let Some(export) = &volume.export {
+        if let Some(first) = earlier.iter().find(|v| {
+            v.export
+                .as_ref()
+                .is_some_and(|e| e.address == export.address)
+        }) {
+            return found(
+                "export",
+                format!(
+                    "{} is already the export of volume {:?} (line {})",
+                    export.address, first.name, first.line
+                ),
+            );
+        }
+        if let Some(first) = earlier
+            .iter()
+            .find(|v| v.export.as_ref().is_some_and(|e| e.link == export.link))
+        {
+            return found(
+                "link",
+                format!(
+                    "link {} is already used by volume {:?} (line {}); \
+                     each export needs a local address of its own",
+                    export.link, first.name, first.line
+                ),
+            );
+        }
+    }
+    let first = earlier.iter().find(|v| v.session == volume.session)?;
+    (first.paths != volume.paths || first.port != volume.port).then(|| Conflict {
+        field: "paths",
+        message: format!(
+            "session {:?} already has paths {} port {} from volume {:?} (line {}); \
+             volumes sharing a session must list the same paths and port, found {} port {}",
+            volume.session,
+            list(&first.paths),
+            first.port,
+            first.name,
+            first.line,
+            list(&volume.paths),
+            volume.port
+        ),
+    })
+}
+
 struct Parser<'s> {
     source: &'s str,
     file: &'s str,
@@ -612,102 +708,26 @@ impl Parser<'_> {
             return Ok(Vec::new());
         };
         let mut volumes: Vec<Volume> = Vec::new();
-        // Per session: the first volume naming it, for the same-paths rule.
-        let mut sessions: BTreeMap<String, usize> = BTreeMap::new();
         for (i, item) in raw.get_ref().iter().enumerate() {
-            let at = |field: &str| format!("volumes[{i}].{field}");
             let volume = self.volume(item, i)?;
-            if let Some(first) = volumes.iter().find(|v| v.name == volume.name) {
-                return Err(self.at(
-                    &item.get_ref().name,
-                    at("name"),
-                    format!(
-                        "expected a unique name, found {:?} again (first on line {})",
-                        volume.name, first.line
-                    ),
-                ));
-            }
-            if let Some(first) = volumes.iter().find(|v| {
-                v.session == volume.session && (v.is_userspace() || volume.is_userspace())
-            }) {
-                return Err(self.at(
-                    &item.get_ref().session,
-                    at("session"),
-                    format!(
-                        "session {:?} is already used by volume {:?} (line {}); \
-                         a volume with `export` has an RTRS session of its own",
-                        volume.session, first.name, first.line
-                    ),
-                ));
-            }
-            if let Some(first) = volumes
-                .iter()
-                .find(|v| v.session == volume.session && v.device_path == volume.device_path)
-            {
-                return Err(self.at(
-                    &item.get_ref().device_path,
-                    at("device_path"),
-                    format!(
-                        "{:?} is already mapped in session {:?} by volume {:?} (line {}); \
-                         the rnbd client maps a device once per session",
-                        volume.device_path, volume.session, first.name, first.line
-                    ),
-                ));
-            }
-            if let (Some(export), Some(raw_export)) = (&volume.export, &item.get_ref().export) {
-                if let Some((first, _)) = volumes.iter().find_map(|v| {
-                    v.export
-                        .as_ref()
-                        .filter(|e| e.address == export.address)
-                        .map(|e| (v, e))
-                }) {
-                    return Err(self.at(
-                        raw_export,
-                        at("export"),
-                        format!(
-                            "{} is already the export of volume {:?} (line {})",
-                            export.address, first.name, first.line
-                        ),
-                    ));
-                }
-            }
-            if let (Some(export), Some(raw_link)) = (&volume.export, &item.get_ref().link) {
-                if let Some(first) = volumes
-                    .iter()
-                    .find(|v| v.export.as_ref().is_some_and(|e| e.link == export.link))
-                {
-                    return Err(self.at(
-                        raw_link,
-                        at("link"),
-                        format!(
-                            "link {} is already used by volume {:?} (line {}); \
-                             each export needs a local address of its own",
-                            export.link, first.name, first.line
-                        ),
-                    ));
-                }
-            }
-            if let Some(&first) = sessions.get(&volume.session) {
-                let first = &volumes[first];
-                if first.paths != volume.paths || first.port != volume.port {
-                    return Err(self.at(
-                        &item.get_ref().paths,
-                        at("paths"),
-                        format!(
-                            "session {:?} already has paths {} port {} from volume {:?} (line {}); \
-                             volumes sharing a session must list the same paths and port, found {} port {}",
-                            volume.session,
-                            list(&first.paths),
-                            first.port,
-                            first.name,
-                            first.line,
-                            list(&volume.paths),
-                            volume.port
-                        ),
-                    ));
-                }
-            } else {
-                sessions.insert(volume.session.clone(), volumes.len());
+            if let Some(conflict) = conflict(&volumes, &volume) {
+                let raw = item.get_ref();
+                let message = conflict.message;
+                let path = format!("volumes[{i}].{}", conflict.field);
+                return Err(match conflict.field {
+                    "name" => self.at(&raw.name, path, message),
+                    "session" => self.at(&raw.session, path, message),
+                    "device_path" => self.at(&raw.device_path, path, message),
+                    "export" => match &raw.export {
+                        Some(export) => self.at(export, path, message),
+                        None => self.at(item, path, message),
+                    },
+                    "link" => match &raw.link {
+                        Some(link) => self.at(link, path, message),
+                        None => self.at(item, path, message),
+                    },
+                    _ => self.at(&raw.paths, path, message),
+                });
             }
             volumes.push(volume);
         }
@@ -881,6 +901,7 @@ fn list(paths: &[PathSpec]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::BTreeMap;
 
     const GOOD: &str = r#"
 [daemon]

@@ -547,8 +547,8 @@ fn parse_state(text: &str, file: &str) -> Result<Vec<RuntimeVolume>, ConfigError
 ///
 /// # Errors
 ///
-/// A run-time volume conflicts with another volume: the same device in
-/// one session, or one session with other paths or port.
+/// A run-time volume breaks a rule of the config file against the
+/// volumes before it ([`config::conflict`]).
 fn merge(file: &Config, runtime: &[RuntimeVolume]) -> Result<(Config, Vec<String>), String> {
     let mut config = file.clone();
     let mut superseded = Vec::new();
@@ -558,22 +558,11 @@ fn merge(file: &Config, runtime: &[RuntimeVolume]) -> Result<(Config, Vec<String
             superseded.push(volume.name.clone());
             continue;
         }
-        for other in &config.volumes {
-            if other.session == volume.session && other.device_path == volume.device_path {
-                return Err(format!(
-                    "volume {:?}: {:?} is already mapped in session {:?} by volume {:?}",
-                    volume.name, volume.device_path, volume.session, other.name
-                ));
-            }
-            if other.session == volume.session
-                && (other.paths != volume.paths || other.port != volume.port)
-            {
-                return Err(format!(
-                    "volume {:?}: session {:?} already has other paths or port (volume {:?}); \
-                     volumes sharing a session must list the same paths and port",
-                    volume.name, volume.session, other.name
-                ));
-            }
+        if let Some(conflict) = config::conflict(&config.volumes, volume) {
+            return Err(format!(
+                "volume {:?}: {}: {}",
+                volume.name, conflict.field, conflict.message
+            ));
         }
         config.volumes.push(volume.clone());
     }
