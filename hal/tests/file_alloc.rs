@@ -7,56 +7,18 @@
 
 #[path = "common/buffers.rs"]
 mod buffers;
+#[path = "common/counting_alloc.rs"]
+mod counting_alloc;
 use buffers::Buffers;
 
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 
 use hal::block::ram::RamDisk;
 use hal::block::{BlockDevice, Op, Request};
 use hal::hosted::{wait_readable, FileConfig, FileDevice};
 
-static ARMED: AtomicBool = AtomicBool::new(false);
-static COUNT: AtomicU64 = AtomicU64::new(0);
-
-struct Counting;
-
-// SAFETY: delegates to `System`, only adding atomic counters that do not
-// allocate.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        note();
-        // SAFETY: same contract as the caller's.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        note();
-        // SAFETY: same contract as the caller's.
-        unsafe { System.alloc_zeroed(layout) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: same contract as the caller's.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        note();
-        // SAFETY: same contract as the caller's.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
-fn note() {
-    if ARMED.load(Ordering::Relaxed) {
-        COUNT.fetch_add(1, Ordering::Relaxed);
-    }
-}
-
-#[global_allocator]
-static ALLOCATOR: Counting = Counting;
+use counting_alloc::{ARMED, COUNT};
 
 const BLOCK: u32 = 4096;
 const BLOCKS: u64 = 256;

@@ -8,11 +8,12 @@
 
 #[path = "common/buffers.rs"]
 mod buffers;
+#[path = "common/counting_alloc.rs"]
+mod counting_alloc;
 #[path = "common/virtio_mock.rs"]
 mod mock;
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 
 use buffers::Buffers;
 use hal::block::{BlockDevice, Op, Request};
@@ -22,46 +23,7 @@ use hal::virtio::feature;
 use hal::virtio::net::{NetConfig, VirtioNet, F_MAC};
 use mock::{Memory, MockTransport};
 
-static ARMED: AtomicBool = AtomicBool::new(false);
-static COUNT: AtomicU64 = AtomicU64::new(0);
-
-struct Counting;
-
-// SAFETY: delegates to `System`, only adding atomic counters that do not
-// allocate.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        note();
-        // SAFETY: same contract as the caller's.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        note();
-        // SAFETY: same contract as the caller's.
-        unsafe { System.alloc_zeroed(layout) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: same contract as the caller's.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        note();
-        // SAFETY: same contract as the caller's.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
-fn note() {
-    if ARMED.load(Ordering::Relaxed) {
-        COUNT.fetch_add(1, Ordering::Relaxed);
-    }
-}
-
-#[global_allocator]
-static ALLOCATOR: Counting = Counting;
+use counting_alloc::{ARMED, COUNT};
 
 /// Runs `f` with the counter armed.
 fn armed<R>(f: impl FnOnce() -> R) -> R {
@@ -162,6 +124,15 @@ fn blk() {
 }
 
 fn main() {
+    // The counter works: an allocation while armed is seen.
+    ARMED.store(true, Ordering::SeqCst);
+    drop(std::hint::black_box(Box::new(1u64)));
+    ARMED.store(false, Ordering::SeqCst);
+    assert_eq!(
+        COUNT.swap(0, Ordering::SeqCst),
+        1,
+        "the counting allocator missed an allocation"
+    );
     net();
     blk();
     let count = COUNT.load(Ordering::SeqCst);
