@@ -85,10 +85,12 @@ pub struct DemoArgs {
 
 pub fn run(args: DemoArgs) -> Result<()> {
     if args.linux {
+        crate::setup::ensure(crate::setup::Purpose::Judge)?;
         run_linux()
     } else if args.hosted {
         run_loopback()
     } else {
+        crate::setup::ensure(crate::setup::Purpose::Demo)?;
         run_image()
     }
 }
@@ -254,7 +256,7 @@ fn run_image() -> Result<()> {
         .stdout(file.try_clone()?)
         .stderr(file)
         .spawn()
-        .context("could not start qemu-system-x86_64 (apt-get install qemu-system-x86)")?;
+        .context("could not start qemu-system-x86_64")?;
     let mut target = TargetProcess { child, log };
     let serving = loop {
         let text = target.log();
@@ -400,6 +402,7 @@ fn run_linux() -> Result<()> {
 
 /// Boots the Linux pair and runs one command in the initiator.
 pub fn run_command(command: &str, mtu: u32) -> Result<()> {
+    crate::setup::ensure(crate::setup::Purpose::Judge)?;
     let images = Images::build()?;
     let config = BedConfig {
         mtu,

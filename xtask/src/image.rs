@@ -344,6 +344,7 @@ pub fn qemu_command_with_disks(
     nics: &[(PathBuf, [u8; 6])],
 ) -> Result<Vec<String>> {
     let blob = blob.to_str().context("manifest path is not UTF-8")?;
+    crate::setup::qemu()?;
     let mut command: Vec<String> = ["qemu-system-x86_64", "-accel", "tcg", "-cpu", "max", "-m"]
         .map(String::from)
         .into();
@@ -414,6 +415,7 @@ pub fn run(args: RunImageArgs) -> Result<()> {
     }
     let memory = args.memory.unwrap_or_else(|| guest_mib(&blob));
 
+    crate::setup::qemu()?;
     let mut qemu = Command::new("qemu-system-x86_64");
     qemu.args(["-accel", "tcg", "-cpu", "max", "-m"])
         .arg(memory.to_string())
@@ -503,7 +505,7 @@ fn boot(qemu: &mut Command, timeout: Option<Duration>) -> Result<Option<i32>> {
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
-        .context("could not start qemu-system-x86_64 (apt-get install qemu-system-x86)")?;
+        .context("could not start qemu-system-x86_64")?;
     let mut console = child.stdout.take().context("QEMU stdout")?;
     let copier = std::thread::spawn(move || {
         let mut buffer = [0u8; 4096];
@@ -927,7 +929,7 @@ fn boot_captured(
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .context("could not start qemu-system-x86_64 (apt-get install qemu-system-x86)")?;
+        .context("could not start qemu-system-x86_64")?;
     let mut stdout = child.stdout.take().context("QEMU stdout")?;
     let mut stderr = child.stderr.take().context("QEMU stderr")?;
     let captured = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
@@ -1044,7 +1046,7 @@ pub fn run_idle(args: ImageIdleArgs) -> Result<()> {
         .stdout(std::fs::File::create(&console_path)?)
         .stderr(Stdio::inherit())
         .spawn()
-        .context("could not start qemu-system-x86_64 (apt-get install qemu-system-x86)")?;
+        .context("could not start qemu-system-x86_64")?;
     let result = (|| {
         // Hold QEMU's connection open, sending nothing.
         listener.set_nonblocking(true)?;

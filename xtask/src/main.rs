@@ -15,6 +15,7 @@ mod interop;
 mod paths;
 mod qemu;
 mod relay;
+mod setup;
 mod suite;
 mod target;
 mod util;
@@ -32,6 +33,9 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Install what the demo and the tests need (Debian packages, Debian
+    /// 12's QEMU 7.2); `--check` prints the `apt-get` line instead.
+    Setup(setup::SetupArgs),
     /// Run the tests: host tests plus the VM smoke suites (`--full`: everything).
     Test(suite::TestArgs),
     /// Boot the image under QEMU with a demo volume and map it with Brick's
@@ -77,13 +81,16 @@ enum VmCommand {
 fn main() {
     let cli = Cli::parse();
     let result: Result<()> = match cli.command {
+        Command::Setup(args) => setup::run(args),
         Command::Test(args) => suite::run(args),
         Command::Demo(args) => demo::run(args),
         Command::Image => image::run_build(),
         Command::RunImage(args) => image::run(args),
         Command::ImageIdle(args) => image::run_idle(args),
         Command::Vm { command } => match command {
-            VmCommand::Build => vmimage::Images::build().map(|images| images.describe()),
+            VmCommand::Build => setup::ensure(setup::Purpose::Judge)
+                .and_then(|()| vmimage::Images::build())
+                .map(|images| images.describe()),
             VmCommand::Run { command, mtu } => demo::run_command(&command, mtu),
         },
         Command::Relay(args) => relay::run_standalone(args),

@@ -105,6 +105,7 @@ impl Vm {
             config.mtu,
             net.join(",")
         );
+        crate::setup::qemu()?;
         let mut command = Command::new("qemu-system-x86_64");
         command
             .args([

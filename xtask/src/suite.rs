@@ -166,6 +166,11 @@ pub fn run(args: TestArgs) -> Result<()> {
         suites: Vec::new(),
         failures: Vec::new(),
     };
+    // Everything past lint and host tests needs the judge's packages and
+    // QEMU; install them now (or say which line would), before any build.
+    if !args.host_only {
+        crate::setup::ensure(crate::setup::Purpose::Judge)?;
+    }
     if !args.vm_only {
         suite(&mut tally, "lint", || {
             lint().map(|()| Counts {
@@ -252,6 +257,11 @@ pub fn run(args: TestArgs) -> Result<()> {
     }
     for failure in &tally.failures {
         println!("FAILED: {failure}");
+    }
+    if !args.host_only {
+        if let Ok(version) = crate::setup::qemu() {
+            println!("QEMU {version}");
+        }
     }
     let total = tally.total();
     println!(

@@ -73,8 +73,8 @@ pub struct Images {
 impl Images {
     /// Builds what is missing and returns the image paths.
     pub fn build() -> Result<Images> {
+        crate::setup::qemu()?;
         for (tool, package) in [
-            ("qemu-system-x86_64", "qemu-system-x86"),
             ("cpio", "cpio"),
             ("depmod", "kmod"),
             ("dpkg-deb", "dpkg"),
@@ -83,7 +83,7 @@ impl Images {
         ] {
             util::require_tool(tool, package)?;
         }
-        let abi = resolve_abi()?;
+        let abi = crate::setup::kernel_abi()?;
         let dir = paths::build_dir().join(format!("vm-{abi}-r{RECIPE}"));
         fs::create_dir_all(&dir)?;
         let kernel_root = dir.join("kernel");
@@ -184,20 +184,6 @@ impl Images {
         }
         Ok(())
     }
-}
-
-/// The ABI `linux-image-amd64` currently depends on.
-fn resolve_abi() -> Result<String> {
-    let depends = util::output(Command::new("apt-cache").args(["depends", "linux-image-amd64"]))?;
-    for line in depends.lines() {
-        if let Some(name) = line.trim().strip_prefix("Depends: linux-image-") {
-            return Ok(name.trim().to_string());
-        }
-    }
-    bail!(
-        "apt-cache does not know linux-image-amd64's kernel; run `apt-get update` first \
-         (found: {depends:?})"
-    )
 }
 
 fn fetch_kernel(abi: &str, root: &Path) -> Result<()> {
