@@ -100,7 +100,10 @@ mod tests {
     #[test]
     fn test_names_and_values_are_linux_x86_64() {
         // Spot checks against the kernel's include/uapi/asm-generic/errno*.h.
-        assert_eq!((EPERM, EIO, ENOMEM, EINVAL, ENOTCONN, ETIMEDOUT), (1, 5, 12, 22, 107, 110));
+        assert_eq!(
+            (EPERM, EIO, ENOMEM, EINVAL, ENOTCONN, ETIMEDOUT),
+            (1, 5, 12, 22, 107, 110)
+        );
         assert_eq!(name(EINVAL), Some("EINVAL"));
         assert_eq!(name(999), None);
         assert_eq!(Display(ENOSPC).to_string(), "ENOSPC");

@@ -235,6 +235,7 @@ fn read_array<P: FwCfgPorts, const N: usize>(ports: &mut P) -> [u8; N] {
 #[allow(unsafe_code)]
 pub mod port {
     use core::arch::asm;
+    use x86_64::instructions::port::{Port, PortWriteOnly};
 
     /// The selector port.
     const SELECTOR: u16 = 0x510;
@@ -247,7 +248,9 @@ pub mod port {
     /// The fw_cfg ports of a QEMU x86 machine.
     #[derive(Debug)]
     pub struct IoPorts {
-        _private: (),
+        selector: PortWriteOnly<u16>,
+        data: Port<u8>,
+        dma_high: PortWriteOnly<u32>,
     }
 
     impl IoPorts {
@@ -260,7 +263,11 @@ pub mod port {
         /// else may use them meanwhile. Calling it in a hosted process
         /// faults.
         pub unsafe fn new() -> Self {
-            Self { _private: () }
+            Self {
+                selector: PortWriteOnly::new(SELECTOR),
+                data: Port::new(DATA),
+                dma_high: PortWriteOnly::new(DMA_HIGH),
+            }
         }
     }
 
@@ -268,19 +275,13 @@ pub mod port {
         fn select(&mut self, key: u16) {
             // SAFETY: the fw_cfg selector port (`new`'s contract); a write
             // of a key has no effect on memory.
-            unsafe {
-                asm!("out dx, ax", in("dx") SELECTOR, in("ax") key, options(nomem, nostack, preserves_flags));
-            }
+            unsafe { self.selector.write(key) }
         }
 
         fn read_data(&mut self) -> u8 {
-            let value: u8;
             // SAFETY: the fw_cfg data port (`new`'s contract); reading it
             // only advances the device's offset.
-            unsafe {
-                asm!("in al, dx", out("al") value, in("dx") DATA, options(nomem, nostack, preserves_flags));
-            }
-            value
+            unsafe { self.data.read() }
         }
 
         fn start_dma(&mut self, access_address: u64) {
@@ -288,13 +289,13 @@ pub mod port {
             let low = (access_address as u32).swap_bytes();
             // SAFETY: the DMA register's high half (`new`'s contract); it
             // starts nothing by itself.
-            unsafe {
-                asm!("out dx, eax", in("dx") DMA_HIGH, in("eax") high, options(nostack, preserves_flags));
-            }
-            // SAFETY: the low half starts the transfer, which writes the
-            // memory the access structure names: the caller (`read_dma`)
-            // owns it as a `DmaSlice`. No `nomem`, so the compiler keeps
-            // memory accesses on their side of the write.
+            unsafe { self.dma_high.write(high) }
+            // The low half starts the transfer, which writes memory: it is
+            // the one port write here that must not be `nomem` (as the
+            // `x86_64` crate's `Port` is), so the compiler keeps the access
+            // structure's stores before it and the caller's loads after it.
+            // SAFETY: the transfer writes the memory the access structure
+            // names, which the caller (`read_dma`) owns as a `DmaSlice`.
             unsafe {
                 asm!("out dx, eax", in("dx") DMA_LOW, in("eax") low, options(nostack, preserves_flags));
             }

@@ -707,7 +707,7 @@ fn file_device_buffer_gone_at_completion() {
     }
     let error = result.unwrap().unwrap_err();
     assert_eq!(error, IoError::Buffer(BufferError::Stale));
-    assert_eq!(error.errno(), IoError::EFAULT);
+    assert_eq!(error.errno(), i32::from(errno::EFAULT));
 }
 
 /// The worker pool completes in finishing order, not submission order: a

@@ -14,7 +14,7 @@ use hal::block::{
     BlockDevice, BufferAccess, BufferError, Completion, IoError, Op, OpKind, Request, SubmitError,
 };
 use hal::virtio::blk::{
-    BlkConfig, DeviceId, GetIdError, VirtioBlk, EOPNOTSUPP, F_BLK_SIZE, F_DISCARD, F_FLUSH, F_RO,
+    BlkConfig, DeviceId, GetIdError, VirtioBlk, F_BLK_SIZE, F_DISCARD, F_FLUSH, F_RO,
     F_WRITE_ZEROES, ID_BYTES,
 };
 use hal::virtio::{feature, InitError};
@@ -520,10 +520,13 @@ fn status_errors_map_to_io_errors() {
         buffer: 0,
     };
     let cases = [
-        (Behaviour::Status(1), IoError::Io(IoError::EIO)),
-        (Behaviour::Status(2), IoError::Io(EOPNOTSUPP)),
-        (Behaviour::Status(77), IoError::Io(IoError::EIO)),
-        (Behaviour::NoStatus, IoError::Io(IoError::EIO)),
+        (Behaviour::Status(1), IoError::device()),
+        (
+            Behaviour::Status(2),
+            IoError::Io(i32::from(errno::EOPNOTSUPP)),
+        ),
+        (Behaviour::Status(77), IoError::device()),
+        (Behaviour::NoStatus, IoError::device()),
     ];
     for (tag, (behaviour, expected)) in cases.into_iter().enumerate() {
         ram.next = behaviour;

@@ -366,19 +366,10 @@ impl Fabric for Wire {
 
 /// An errno by name.
 fn errno_name(errno: u16) -> String {
-    let name = match errno {
-        0 => "0",
-        1 => "EPERM",
-        6 => "ENXIO",
-        12 => "ENOMEM",
-        13 => "EACCES",
-        22 => "EINVAL",
-        95 => "EOPNOTSUPP",
-        104 => "ECONNRESET",
-        107 => "ENOTCONN",
-        _ => return format!("errno {errno}"),
-    };
-    name.to_string()
+    match errno {
+        0 => "0".to_string(),
+        _ => rtrs::server::errno::Display(errno).to_string(),
+    }
 }
 
 /// A CONN_RSP errno (negative) by name.

@@ -175,7 +175,7 @@ fn target_installed() -> Result<bool> {
     Ok(installed.lines().any(|line| line.trim() == TARGET))
 }
 
-fn ensure_target() -> Result<()> {
+pub fn ensure_target() -> Result<()> {
     if target_installed()? {
         return Ok(());
     }

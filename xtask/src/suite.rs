@@ -329,8 +329,36 @@ fn lint() -> Result<()> {
         "warnings",
     ]))
     .context("cargo clippy")?;
+    // The bare-metal image and the no_std crates as the image builds them
+    // (`cfg(target_os = "none")` code, the image's unsafe blocks): the host
+    // build above never compiles them.
+    crate::image::ensure_target()?;
+    let mut image = cargo();
+    image.args(["clippy", "--release", "--target", crate::image::TARGET]);
+    for package in NO_STD_PACKAGES {
+        image.args(["-p", package]);
+    }
+    image.args([
+        "--no-default-features",
+        "--features",
+        "brick-target-image/image",
+    ]);
+    image.args(["--", "-D", "warnings"]);
+    crate::util::run(&mut image).context("cargo clippy for the image target")?;
     Ok(())
 }
+
+/// The crates the image links, linted for its target by [`lint`].
+const NO_STD_PACKAGES: &[&str] = &[
+    "brick-hal",
+    "brick-verbs",
+    "brick-wire-enum",
+    "brick-roce",
+    "brick-rtrs",
+    "brick-rnbd",
+    "brick-manifest",
+    "brick-target-image",
+];
 
 /// `cargo test --workspace`, streamed, with its pass/fail counts; the full
 /// tier includes the ignored soaks (e.g. 10,000 WRs per side through the

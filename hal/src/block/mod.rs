@@ -245,18 +245,18 @@ pub enum IoError {
 }
 
 impl IoError {
-    /// `EIO`, the code for a device error without a better one.
-    pub const EIO: i32 = 5;
-    /// `EFAULT`, reported for a buffer that no longer resolves.
-    pub const EFAULT: i32 = 14;
+    /// A device error without a better code: `EIO`.
+    pub const fn device() -> Self {
+        Self::Io(errno::EIO as i32)
+    }
 
     /// A positive Linux `errno` for the error (what an RNBD response carries,
     /// negated).
     pub fn errno(&self) -> i32 {
         match self {
             Self::Io(code) if *code > 0 => *code,
-            Self::Io(_) => Self::EIO,
-            Self::Buffer(_) => Self::EFAULT,
+            Self::Io(_) => i32::from(errno::EIO),
+            Self::Buffer(_) => i32::from(errno::EFAULT),
         }
     }
 }

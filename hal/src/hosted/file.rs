@@ -376,7 +376,7 @@ impl<H: Copy> BlockDevice<H> for FileDevice<H> {
                 Op::WriteZeroes { offset, len } => Op::WriteZeroes { offset, len },
             };
             slot.op = op;
-            slot.result = Err(IoError::EIO);
+            slot.result = Err(i32::from(errno::EIO));
         }
         self.free.pop();
         let len = match request.op {
@@ -492,7 +492,7 @@ fn errno(error: &io::Error) -> i32 {
     error
         .raw_os_error()
         .filter(|&code| code > 0)
-        .unwrap_or(IoError::EIO)
+        .unwrap_or(i32::from(errno::EIO))
 }
 
 /// Whether `error` means "this file system or device cannot do that".

@@ -105,8 +105,6 @@ const STATUS_IOERR: u8 = 1;
 const STATUS_UNSUPP: u8 = 2;
 /// Written before submission; no device writes it.
 const STATUS_UNSET: u8 = 0xff;
-/// `EOPNOTSUPP`, for `VIRTIO_BLK_S_UNSUPP`.
-pub const EOPNOTSUPP: i32 = 95;
 
 /// Virtio sectors are always 512 bytes (§5.2.6), whatever `blk_size` says.
 const SECTOR: u64 = 512;
@@ -796,11 +794,11 @@ impl<H: Copy, T: VirtioTransport> VirtioBlk<H, T> {
             .read_u8(usize::from(slot) * SLOT_BYTES + STATUS_OFFSET);
         match status {
             STATUS_OK => Ok(()),
-            STATUS_IOERR => Err(IoError::Io(IoError::EIO)),
-            STATUS_UNSUPP => Err(IoError::Io(EOPNOTSUPP)),
+            STATUS_IOERR => Err(IoError::device()),
+            STATUS_UNSUPP => Err(IoError::Io(i32::from(errno::EOPNOTSUPP))),
             _ => {
                 self.stats.bad_status += 1;
-                Err(IoError::Io(IoError::EIO))
+                Err(IoError::device())
             }
         }
     }
@@ -877,7 +875,7 @@ impl<H: Copy, T: VirtioTransport> BlockDevice<H> for VirtioBlk<H, T> {
                     self.stats.fua_flushes += 1;
                     // The write freed three descriptors: the flush's two fit.
                     if self.push_chain(slot, request_type::FLUSH, 0, None).is_err() {
-                        self.deliver(slot, Err(IoError::Io(IoError::EIO)), buffers, on_completion);
+                        self.deliver(slot, Err(IoError::device()), buffers, on_completion);
                         delivered += 1;
                     }
                 }

@@ -82,10 +82,6 @@ pub const PROTOCOL_VERSION_MINOR: u8 = 0;
 pub const SECTOR_SIZE: u32 = 512;
 /// Linux `PATH_MAX`: bound on the server's search path + device path.
 pub const PATH_MAX: usize = 4096;
-/// errno `EINVAL`: the reply to a malformed message (rnbd.md §4.5).
-pub const EINVAL: u16 = 22;
-/// errno `EOPNOTSUPP`: the reply to an unsupported IO op (rnbd.md §8.3 #33).
-pub const EOPNOTSUPP: u16 = 95;
 
 pub(crate) use wire_enum::enum_with_unknown;
 
@@ -191,8 +187,8 @@ impl ParseError {
     /// (rnbd.md §4.5, §8.3).
     pub const fn errno(self) -> u16 {
         match self {
-            ParseError::UnsupportedOp => EOPNOTSUPP,
-            _ => EINVAL,
+            ParseError::UnsupportedOp => ::errno::EOPNOTSUPP,
+            _ => ::errno::EINVAL,
         }
     }
 }

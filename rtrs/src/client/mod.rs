@@ -100,13 +100,9 @@ use crate::wire::{
     ReadMsg, RkeyRsp, Uuid, WriteMsg, PATHNAME_LEN, VERSION,
 };
 
-/// Errno values the client reports.
-pub mod errno {
-    /// I/O error.
-    pub const EIO: u16 = 5;
-    /// No path took a failed-over request (Linux: `-ECONNABORTED`).
-    pub const ECONNABORTED: u16 = 103;
-}
+/// The errno values the client reports: EIO, and ECONNABORTED when no path
+/// took a failed-over request (as Linux's client).
+pub use ::errno;
 
 /// Multipath policy (rtrs.md §7).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

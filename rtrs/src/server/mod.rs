@@ -158,23 +158,14 @@ use crate::wire::{
 use self::table::{ChunkSlot, PathSlot, PathState, ReadInfo, Response, SessionSlot};
 pub use self::table::{IoState, ReadData};
 
-/// Linux errno values the server sends (positive; negated on the wire).
-pub mod errno {
-    /// Operation not permitted (session name used by another session).
-    pub const EPERM: u16 = 1;
-    /// I/O error (missing connection at INFO_REQ; an oversized consumer errno).
-    pub const EIO: u16 = 5;
-    /// No such session and `first_conn` clear.
-    pub const ENXIO: u16 = 6;
-    /// Out of resources: a configured limit or the memory pool.
-    pub const ENOMEM: u16 = 12;
-    /// Path with the same addresses exists / connection already exists.
-    pub const EEXIST: u16 = 17;
-    /// Malformed request.
-    pub const EINVAL: u16 = 22;
-    /// Connection reset: malformed CON_REQ, stale path still up.
-    pub const ECONNRESET: u16 = 104;
-}
+/// The errno values the server sends (positive; negated on the wire):
+/// EPERM (session name used by another session), EIO (missing connection
+/// at INFO_REQ; an oversized consumer errno), ENXIO (no such session and
+/// `first_conn` clear), ENOMEM (a configured limit or the memory pool),
+/// EEXIST (a path with the same addresses, a connection that exists),
+/// EINVAL (malformed request), ECONNRESET (malformed CON_REQ, stale path
+/// still up).
+pub use ::errno;
 
 /// Largest errno an IO response immediate carries (9 bits, rtrs.md §4.2).
 pub const MAX_RESPONSE_ERRNO: u16 = 511;

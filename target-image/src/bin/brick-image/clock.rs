@@ -12,7 +12,7 @@
 use core::arch::asm;
 
 use crate::interrupts::PIT_HZ;
-use crate::port::{inb, outb};
+use crate::port::Port;
 
 /// Length of one calibration run.
 pub const CALIBRATION_MS: u64 = 10;
@@ -33,18 +33,18 @@ fn one_run() -> u64 {
     let [low, high] = count.to_le_bytes();
     // SAFETY: the image owns the PIT's channel 2 and port 0x61 (speaker
     // gate): gate on, speaker off.
-    let gate = unsafe { inb(0x61) };
+    let gate = unsafe { Port::<u8>::new(0x61).read() };
     // SAFETY: as above.
-    unsafe { outb(0x61, (gate & !0x02) | 0x01) };
+    unsafe { Port::<u8>::new(0x61).write((gate & !0x02) | 0x01) };
     // SAFETY: as above: channel 2, low/high byte, mode 0, binary.
-    unsafe { outb(0x43, 0xb0) };
+    unsafe { Port::<u8>::new(0x43).write(0xb0) };
     // SAFETY: as above.
-    unsafe { outb(0x42, low) };
+    unsafe { Port::<u8>::new(0x42).write(low) };
     // SAFETY: as above.
-    unsafe { outb(0x42, high) };
+    unsafe { Port::<u8>::new(0x42).write(high) };
     let start = rdtsc();
     // SAFETY: reading port 0x61 has no side effect.
-    while unsafe { inb(0x61) } & 0x20 == 0 {
+    while unsafe { Port::<u8>::new(0x61).read() } & 0x20 == 0 {
         core::hint::spin_loop();
     }
     rdtsc() - start

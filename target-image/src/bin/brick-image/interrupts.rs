@@ -40,7 +40,7 @@ use core::arch::{asm, global_asm};
 use core::cell::UnsafeCell;
 
 use crate::entry::CODE_SELECTOR;
-use crate::port::{inb, outb, ExitCode};
+use crate::port::{ExitCode, Port};
 
 /// Longest one-shot the 16-bit PIT counter holds (65535 / 1.193182 MHz).
 pub const MAX_ONE_SHOT_NS: u64 = 54_925_000;
@@ -202,7 +202,7 @@ pub fn init() {
     ];
     for (port, value) in pic {
         // SAFETY: the image owns the legacy PICs; interrupts are off.
-        unsafe { outb(port, value) };
+        unsafe { Port::<u8>::new(port).write(value) };
     }
     // Stop the PIT's periodic (BIOS) mode: one-shot with the longest count;
     // the one interrupt it may raise is harmless.
@@ -245,7 +245,7 @@ pub fn mask_irq(irq: u8) {
 fn set_masked(bit: u8, port: u16, masked: bool) {
     // SAFETY: the image owns the PICs (`init` programmed them); reading
     // OCW1 returns the mask register and has no side effect.
-    let mask = unsafe { inb(port) };
+    let mask = unsafe { Port::<u8>::new(port).read() };
     let mask = if masked {
         mask | 1 << bit
     } else {
@@ -253,7 +253,7 @@ fn set_masked(bit: u8, port: u16, masked: bool) {
     };
     // SAFETY: as above; every unmasked vector has a gate in the IDT
     // (`init` fills 0x20-0x2f), and interrupts are off (callers).
-    unsafe { outb(port, mask) };
+    unsafe { Port::<u8>::new(port).write(mask) };
 }
 
 fn arm_one_shot(count: u16) {
@@ -261,11 +261,11 @@ fn arm_one_shot(count: u16) {
     // SAFETY: the image owns PIT channel 0 (mode register 0x43, counter
     // 0x40): channel 0, low then high byte, mode 0 (interrupt on terminal
     // count), binary.
-    unsafe { outb(0x43, 0x30) };
+    unsafe { Port::<u8>::new(0x43).write(0x30) };
     // SAFETY: as above.
-    unsafe { outb(0x40, low) };
+    unsafe { Port::<u8>::new(0x40).write(low) };
     // SAFETY: as above.
-    unsafe { outb(0x40, high) };
+    unsafe { Port::<u8>::new(0x40).write(high) };
 }
 
 /// [`hal::Idle`] for the image: PIT one-shot + `hlt`.

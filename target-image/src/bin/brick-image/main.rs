@@ -35,7 +35,7 @@
 //! Unsafe lives in: `entry` (PVH entry, page tables, GDT), `port` (port
 //! I/O, isa-debug-exit), `serial`, `sync` (the spin lock), `memory` (boot
 //! reads, the global allocator), `interrupts` (IDT, PIC, PIT, `hlt`),
-//! `clock` (`rdtsc`), `rng` (`cpuid`, `rdrand`), `pci`, `fw_cfg`, `serve`
+//! `clock` (`rdtsc`), `rng` (`cpuid`, `rdrand`), `pci`, `serve`
 //! (the virtio transport and DMA region constructors). Every
 //! block has a `// SAFETY:` line.
 
@@ -68,7 +68,6 @@ mod clock;
 #[cfg(target_os = "none")]
 mod entry;
 #[cfg(target_os = "none")]
-mod fw_cfg;
 #[cfg(target_os = "none")]
 mod interrupts;
 #[cfg(target_os = "none")]
@@ -102,8 +101,7 @@ mod board {
     use crate::memory::{Identity, HEAP, IDENTITY_LIMIT};
     use crate::port::{exit, ExitCode};
 
-    /// Name of the fw_cfg file holding the binary manifest.
-    const MANIFEST_FILE: &str = "opt/brick/manifest";
+    use hal::fw_cfg::{FwCfg, MANIFEST_FILE};
     /// Largest manifest read (the format's strings and tables fit easily).
     const MAX_MANIFEST: u32 = 1 << 20;
     /// Free physical ranges tracked while carving.
@@ -133,6 +131,52 @@ mod board {
                 format_args!("cannot carve the {what}: {error}"),
             ),
         }
+    }
+
+    /// The manifest blob from fw_cfg (`None`: no fw_cfg or no such file),
+    /// read by DMA into RAM carved for it (by the data port where the
+    /// device has no DMA); a blob over [`MAX_MANIFEST`] stops the boot.
+    fn read_manifest(free: &mut FreeRanges<BOOT_RANGES>) -> Option<Vec<u8>> {
+        let mut access = crate::serve::dma_pool(carve(free, "fw_cfg DMA page", 4096, 4096));
+        // SAFETY: the image runs in ring 0 on a QEMU x86 machine, whose
+        // ports 0x510-0x51b are fw_cfg; nothing else in the image uses them.
+        #[allow(unsafe_code)]
+        let ports = unsafe { hal::fw_cfg::port::IoPorts::new() };
+        let mut fw_cfg = FwCfg::new(ports, &mut access).ok()?;
+        let file = match fw_cfg.find_file(MANIFEST_FILE) {
+            Ok(Some(file)) => file,
+            Ok(None) => return None,
+            Err(error) => fail(ExitCode::BadManifest, format_args!("manifest: {error}")),
+        };
+        if file.size > MAX_MANIFEST {
+            fail(
+                ExitCode::BadManifest,
+                format_args!(
+                    "manifest: {MANIFEST_FILE} is {} bytes, at most {MAX_MANIFEST}",
+                    file.size
+                ),
+            );
+        }
+        let mut blob = vec![0u8; file.size as usize];
+        if fw_cfg.has_dma() && file.size > 0 {
+            let len = u64::from(file.size).next_multiple_of(4096);
+            let mut pool = crate::serve::dma_pool(carve(free, "manifest DMA buffer", len, 4096));
+            let target = match pool.alloc(blob.len(), 8) {
+                Ok(target) => target,
+                Err(error) => fail(ExitCode::Failure, format_args!("manifest buffer: {error}")),
+            };
+            match fw_cfg.read_dma(file, &target) {
+                Ok(read) if read == blob.len() => target.read_bytes(0, &mut blob),
+                Ok(read) => fail(
+                    ExitCode::BadManifest,
+                    format_args!("manifest: fw_cfg DMA read {read} of {} bytes", blob.len()),
+                ),
+                Err(error) => fail(ExitCode::BadManifest, format_args!("manifest: {error}")),
+            }
+        } else {
+            fw_cfg.read_bytes(file, &mut blob);
+        }
+        Some(blob)
     }
 
     pub fn main(start_info: u32) -> ! {
@@ -245,21 +289,12 @@ mod board {
         );
 
         // With a manifest: the blob and the pool's ring part (for the NICs).
-        let served = match crate::fw_cfg::find(MANIFEST_FILE) {
+        let served = match read_manifest(&mut free) {
             None => {
                 log!("manifest: no fw_cfg file {MANIFEST_FILE}: nothing to serve");
                 None
             }
-            Some(file) if file.size > MAX_MANIFEST => fail(
-                ExitCode::BadManifest,
-                format_args!(
-                    "manifest: {MANIFEST_FILE} is {} bytes, at most {MAX_MANIFEST}",
-                    file.size
-                ),
-            ),
-            Some(file) => {
-                let mut blob = vec![0u8; file.size as usize];
-                crate::fw_cfg::read_file(file, &mut blob);
+            Some(blob) => {
                 log!("manifest: {} bytes from fw_cfg {MANIFEST_FILE}", blob.len());
                 let manifest = match Manifest::parse(&blob) {
                     Ok(manifest) => manifest,

@@ -12,7 +12,7 @@
 
 use core::fmt;
 
-use crate::port::{inl, outl};
+use crate::port::Port;
 
 const CONFIG_ADDRESS: u16 = 0xcf8;
 const CONFIG_DATA: u16 = 0xcfc;
@@ -43,10 +43,10 @@ pub fn read_config(address: Address, offset: u8) -> u32 {
         | u32::from(offset & 0xfc);
     // SAFETY: the image owns the PCI configuration mechanism #1 ports;
     // selecting a register has no effect of its own.
-    unsafe { outl(CONFIG_ADDRESS, selector) };
+    unsafe { Port::<u32>::new(CONFIG_ADDRESS).write(selector) };
     // SAFETY: as above; reading config registers has no side effects
     // (the status register's write-1-to-clear bits are untouched by reads).
-    unsafe { inl(CONFIG_DATA) }
+    unsafe { Port::<u32>::new(CONFIG_DATA).read() }
 }
 
 /// A decoded base address register.
@@ -192,10 +192,10 @@ unsafe fn write_config(address: Address, offset: u8, value: u32) {
         | u32::from(offset & 0xfc);
     // SAFETY: the image owns the PCI configuration mechanism #1 ports;
     // selecting a register has no effect of its own.
-    unsafe { outl(CONFIG_ADDRESS, selector) };
+    unsafe { Port::<u32>::new(CONFIG_ADDRESS).write(selector) };
     // SAFETY: the caller vouches for the register write (this function's
     // contract).
-    unsafe { outl(CONFIG_DATA, value) };
+    unsafe { Port::<u32>::new(CONFIG_DATA).write(value) };
 }
 
 /// Command register bits: memory space decoding.

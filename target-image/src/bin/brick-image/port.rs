@@ -1,77 +1,11 @@
-//! x86 port I/O (`in`/`out`).
+//! x86 port I/O (the `x86_64` crate's [`Port`]) and QEMU's isa-debug-exit.
 //!
 //! Port I/O can reprogram any device (the PIC, the PIT, PCI config space),
-//! so every accessor is `unsafe`: callers name the device they own.
+//! so every access is `unsafe`: callers name the device they own.
 
 #![allow(unsafe_code)]
 
-use core::arch::asm;
-
-/// Writes a byte to `port`.
-///
-/// # Safety
-///
-/// The caller owns the device behind `port` and the write has no effect on
-/// memory safety (no DMA is started by it).
-pub unsafe fn outb(port: u16, value: u8) {
-    // SAFETY: forwarded to the caller (see `# Safety`).
-    unsafe {
-        asm!("out dx, al", in("dx") port, in("al") value, options(nomem, nostack, preserves_flags))
-    };
-}
-
-/// Writes a 16-bit word to `port`.
-///
-/// # Safety
-///
-/// As for [`outb`].
-pub unsafe fn outw(port: u16, value: u16) {
-    // SAFETY: forwarded to the caller (see `# Safety`).
-    unsafe {
-        asm!("out dx, ax", in("dx") port, in("ax") value, options(nomem, nostack, preserves_flags))
-    };
-}
-
-/// Writes a 32-bit word to `port`.
-///
-/// # Safety
-///
-/// As for [`outb`].
-pub unsafe fn outl(port: u16, value: u32) {
-    // SAFETY: forwarded to the caller (see `# Safety`).
-    unsafe {
-        asm!("out dx, eax", in("dx") port, in("eax") value, options(nomem, nostack, preserves_flags))
-    };
-}
-
-/// Reads a byte from `port`.
-///
-/// # Safety
-///
-/// The caller owns the device behind `port` (a read can have side effects,
-/// e.g. popping a FIFO).
-pub unsafe fn inb(port: u16) -> u8 {
-    let value: u8;
-    // SAFETY: forwarded to the caller (see `# Safety`).
-    unsafe {
-        asm!("in al, dx", in("dx") port, out("al") value, options(nomem, nostack, preserves_flags))
-    };
-    value
-}
-
-/// Reads a 32-bit word from `port`.
-///
-/// # Safety
-///
-/// As for [`inb`].
-pub unsafe fn inl(port: u16) -> u32 {
-    let value: u32;
-    // SAFETY: forwarded to the caller (see `# Safety`).
-    unsafe {
-        asm!("in eax, dx", in("dx") port, out("eax") value, options(nomem, nostack, preserves_flags))
-    };
-    value
-}
+pub use x86_64::instructions::port::Port;
 
 /// Exit codes written to QEMU's `isa-debug-exit` device (iobase 0xf4,
 /// iosize 4); QEMU exits with `(code << 1) | 1`.
@@ -98,10 +32,10 @@ pub enum ExitCode {
 pub fn exit(code: ExitCode) -> ! {
     // SAFETY: port 0xf4 is QEMU's isa-debug-exit device (absent on other
     // machines, where the write is ignored); writing it only stops the VM.
-    unsafe { outl(0xf4, code as u32) };
+    unsafe { Port::<u32>::new(0xf4).write(code as u32) };
+    // With interrupts off, `hlt` parks the CPU for good; nothing else runs.
+    x86_64::instructions::interrupts::disable();
     loop {
-        // SAFETY: interrupts are disabled first, so `hlt` parks the CPU
-        // for good; nothing else runs.
-        unsafe { asm!("cli", "hlt", options(nomem, nostack)) };
+        x86_64::instructions::hlt();
     }
 }

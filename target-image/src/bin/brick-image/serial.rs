@@ -7,7 +7,7 @@
 
 use core::fmt::{self, Write};
 
-use crate::port::{inb, outb};
+use crate::port::Port;
 use crate::sync::SpinLock;
 
 const COM1: u16 = 0x3f8;
@@ -30,18 +30,18 @@ pub fn init() {
     ];
     for (offset, value) in setup {
         // SAFETY: COM1 is the image's console and nothing else drives it.
-        unsafe { outb(COM1 + offset, value) };
+        unsafe { Port::<u8>::new(COM1 + offset).write(value) };
     }
 }
 
 impl Com1 {
     fn put(&mut self, byte: u8) {
         // SAFETY: reading COM1's line status has no side effect.
-        while unsafe { inb(COM1 + 5) } & LSR_THR_EMPTY == 0 {
+        while unsafe { Port::<u8>::new(COM1 + 5).read() } & LSR_THR_EMPTY == 0 {
             core::hint::spin_loop();
         }
         // SAFETY: COM1 is the image's console; the transmitter is empty.
-        unsafe { outb(COM1, byte) };
+        unsafe { Port::<u8>::new(COM1).write(byte) };
     }
 }
 
