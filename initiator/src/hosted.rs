@@ -13,7 +13,7 @@
 //!
 //! The loop ([`Session::run_for`], and inside every blocking call) takes a
 //! bounded burst of frames, polls the initiator, lets the HCA transmit,
-//! and, when nothing happened, blocks in [`wait_ready`] on the link's
+//! and, when nothing happened, blocks in [`PollIdle::wait`] on the link's
 //! descriptor until the earliest deadline of the HCA and the initiator. It
 //! never spins while idle. Nothing runs between calls: a tool that sits
 //! idle longer than the target's heartbeat budget (~30 s) should call
@@ -41,12 +41,11 @@ use std::collections::VecDeque;
 use std::fmt;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, SocketAddrV4};
-use std::os::fd::RawFd;
 use std::rc::Rc;
 use std::time::Duration;
 
-use hal::hosted::{wait_ready, Link, LinkSpec, MonotonicClock, OsRng};
-use hal::{Clock, DatagramNic, Nic, NicError, Rng};
+use hal::hosted::{Link, LinkSpec, MonotonicClock, OsRng, Packet, PollIdle};
+use hal::{Clock, DatagramNic, NicError, Rng};
 use roce::hca::{Hca, HcaConfig, LinkMode};
 use rtrs::client::PathError;
 use verbs::{
@@ -302,57 +301,12 @@ impl From<IoError> for Error {
     }
 }
 
-/// Sends one HCA frame on a frame link; errors are drops (the transport
-/// and the CM retransmit).
-fn transmit_frame(
-    link: &mut hal::hosted::FrameLink,
-    headers: &[u8],
-    payload: &[&[u8]],
-    trailer: &[u8],
-) {
-    let mut pieces: [&[u8]; 8] = [&[]; 8];
-    let mut count = 0;
-    for piece in payload.iter().copied().chain([trailer]) {
-        if piece.is_empty() {
-            continue;
-        }
-        let Some(slot) = pieces.get_mut(count) else {
-            return;
-        };
-        *slot = piece;
-        count += 1;
-    }
-    let _ = link.transmit(headers, &pieces[..count]);
-}
-
-/// Sends one HCA datagram; errors are drops.
-fn transmit_datagram(
-    nic: &mut hal::hosted::UdpNic,
-    to: SocketAddrV4,
-    header: &[u8],
-    payload: &[&[u8]],
-    trailer: &[u8],
-) {
-    let mut pieces: [&[u8]; 8] = [&[]; 8];
-    let mut count = 0;
-    for piece in payload.iter().copied().chain([trailer]) {
-        if piece.is_empty() {
-            continue;
-        }
-        let Some(slot) = pieces.get_mut(count) else {
-            return;
-        };
-        *slot = piece;
-        count += 1;
-    }
-    let _ = DatagramNic::transmit(nic, SocketAddr::V4(to), header, &pieces[..count]);
-}
-
 /// The single-threaded host: initiator + link + clock.
 struct Host {
     init: Initiator<BoxedHca>,
     link: Link,
     clock: MonotonicClock,
+    waiter: PollIdle,
     events: Vec<Event>,
     /// Completions a blocking call reaped that were not its own.
     stash: VecDeque<(Completion, Vec<u8>)>,
@@ -368,37 +322,35 @@ impl Host {
         let mut busy = false;
         let hca = &mut self.init.verbs_mut().0;
         for _ in 0..RX_BURST {
-            let received = match &mut self.link {
-                Link::Frame(link) => link.receive(|frame| hca.receive(now, frame)),
-                Link::Udp(nic) => {
-                    nic.receive(|datagram, from| hca.receive_datagram(now, from, datagram))
-                }
-            };
-            match received {
-                Ok(Some(())) => busy = true,
-                Ok(None) | Err(NicError::LinkDown) => break,
-                Err(error) => return Err(Error::LinkFailed(error)),
+            let received = self
+                .link
+                .receive(|packet| match packet {
+                    Packet::Frame(frame) => hca.receive(now, frame),
+                    Packet::Datagram(from, datagram) => hca.receive_datagram(now, from, datagram),
+                })
+                .map_err(Error::LinkFailed)?;
+            if !received {
+                break;
             }
+            busy = true;
         }
         busy |= self.init.poll(now);
         let hca = &mut self.init.verbs_mut().0;
-        busy |= match &mut self.link {
-            Link::Frame(link) => {
-                let sent = hca.poll(now, &mut |h: &[u8], p: &[&[u8]], t: &[u8]| {
-                    transmit_frame(link, h, p, t)
-                });
-                if link.has_pending_output() {
-                    let _ = link.flush();
-                }
-                sent
-            }
-            Link::Udp(nic) => hca.poll_datagrams(
+        let link = &mut self.link;
+        busy |= match link {
+            Link::Frame(_) => hca.poll(now, &mut |h: &[u8], p: &[&[u8]], t: &[u8]| {
+                link.transmit(h, p, t)
+            }),
+            Link::Udp(_) => hca.poll_datagrams(
                 now,
                 &mut |to: SocketAddrV4, h: &[u8], p: &[&[u8]], t: &[u8]| {
-                    transmit_datagram(nic, to, h, p, t)
+                    link.transmit_datagram(to, h, p, t)
                 },
             ),
         };
+        if link.has_pending_output() {
+            link.flush();
+        }
         while let Some(event) = self.init.next_event() {
             busy = true;
             self.events.push(event);
@@ -419,21 +371,9 @@ impl Host {
         if wake <= now {
             return;
         }
-        let (readable, writable): (Option<RawFd>, Option<RawFd>) = match &self.link {
-            Link::Frame(link) => (
-                link.raw_fd(),
-                link.raw_fd().filter(|_| link.has_pending_output()),
-            ),
-            Link::Udp(nic) => (Some(nic.raw_fd()), None),
-        };
-        match readable {
-            Some(fd) => {
-                let writable: Vec<RawFd> = writable.into_iter().collect();
-                let _ = wait_ready(&[fd], &writable, Some(wake));
-            }
-            // A listening link whose peer is not there: nap briefly.
-            None => std::thread::sleep(Duration::from_nanos((wake - now).min(10_000_000))),
-        }
+        self.waiter.clear();
+        self.waiter.watch_link(&self.link);
+        let _ = self.waiter.wait(Some(wake));
     }
 
     /// Runs the loop until `done` gives a value or `timeout` passes.
@@ -537,6 +477,7 @@ impl Session {
             init,
             link,
             clock,
+            waiter: PollIdle::new(),
             events: Vec::new(),
             stash: VecDeque::new(),
             next_tag: BLOCKING_TAG_BASE,

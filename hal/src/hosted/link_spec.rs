@@ -17,6 +17,7 @@ use std::path::PathBuf;
 use std::str::FromStr;
 
 use super::frame_link::{FrameEndpoint, FrameLink};
+use super::link::Link;
 use super::udp::{UdpNic, ROCE_V2_PORT};
 
 const FORMS: &str =
@@ -29,14 +30,6 @@ pub enum LinkSpec {
     Udp(SocketAddr),
     /// `frame:…` or `tcp:…`: a [`FrameLink`] on this endpoint.
     Frame(FrameEndpoint),
-}
-
-/// An opened link.
-pub enum Link {
-    /// Ethernet frames.
-    Frame(FrameLink),
-    /// UDP datagrams.
-    Udp(UdpNic),
 }
 
 impl LinkSpec {

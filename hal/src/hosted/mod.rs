@@ -13,6 +13,7 @@
 pub mod clock;
 pub mod file;
 pub mod frame_link;
+pub mod link;
 pub mod link_spec;
 pub mod rng;
 #[allow(unsafe_code)]
@@ -25,7 +26,8 @@ pub mod wait;
 pub use clock::MonotonicClock;
 pub use file::{FileConfig, FileDevice};
 pub use frame_link::{FrameEndpoint, FrameLink};
-pub use link_spec::{Link, LinkSpec, LinkSpecError};
+pub use link::{Link, Packet};
+pub use link_spec::{LinkSpec, LinkSpecError};
 pub use rng::OsRng;
 pub use udp::UdpNic;
 pub use wait::{wait_readable, wait_ready, PollIdle};

@@ -20,17 +20,15 @@
 
 #![deny(unsafe_code)]
 
-use std::os::fd::RawFd;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
 
 use clap::Parser;
-use std::net::{IpAddr, SocketAddr, SocketAddrV4};
+use std::net::{IpAddr, SocketAddrV4};
 
-use hal::hosted::{signals, wait_ready, FrameLink, Link, LinkSpec, MonotonicClock, OsRng, UdpNic};
-use hal::{Clock, DatagramNic, Nic, NicError, Rng};
+use hal::hosted::{signals, Link, LinkSpec, MonotonicClock, OsRng, Packet, PollIdle};
+use hal::{Clock, DatagramNic, Rng};
 use manifest::binary::Manifest;
 use roce::hca::LinkMode;
 use target_image::{hosted, Engine, Transmit};
@@ -67,79 +65,14 @@ impl KeySource for OsKeys {
     }
 }
 
-/// One interface's link: Ethernet frames or RoCEv2 datagrams.
-enum HostedLink {
-    Frame(FrameLink),
-    Udp(UdpNic),
-}
-
-impl HostedLink {
-    fn raw_fd(&self) -> Option<RawFd> {
-        match self {
-            Self::Frame(link) => link.raw_fd(),
-            Self::Udp(nic) => Some(nic.raw_fd()),
-        }
-    }
-
-    fn has_pending_output(&self) -> bool {
-        matches!(self, Self::Frame(link) if link.has_pending_output())
-    }
-
-    fn flush(&mut self) {
-        if let Self::Frame(link) = self {
-            let _ = link.flush();
-        }
-    }
-
-    /// Hands up to one received packet to the engine; `Ok(false)` when
-    /// nothing was waiting.
-    fn receive(&mut self, engine_receive: &mut impl FnMut(Packet<'_>)) -> Result<bool, String> {
-        let result = match self {
-            Self::Frame(link) => link.receive(|frame| engine_receive(Packet::Frame(frame))),
-            Self::Udp(nic) => DatagramNic::receive(nic, |datagram, from| {
-                engine_receive(Packet::Datagram(from, datagram))
-            }),
-        };
-        match result {
-            Ok(Some(())) => Ok(true),
-            Ok(None) | Err(NicError::LinkDown) => Ok(false),
-            Err(error) => Err(format!("link receive: {error}")),
-        }
-    }
-}
-
-/// A received packet.
-enum Packet<'a> {
-    Frame(&'a [u8]),
-    Datagram(SocketAddr, &'a [u8]),
-}
-
-/// Gathers the engine's pieces (payload, then the trailer) without empty
-/// ones; `None` if there are more than a frame ever has.
-fn gather<'a>(payload: &[&'a [u8]], trailer: &'a [u8], out: &mut [&'a [u8]; 8]) -> Option<usize> {
-    let mut count = 0;
-    for piece in payload.iter().copied().chain([trailer]) {
-        if piece.is_empty() {
-            continue;
-        }
-        *out.get_mut(count)? = piece;
-        count += 1;
-    }
-    Some(count)
-}
-
 /// The engine's packets onto the links; transmit errors are drops (the
 /// transport and CM retransmit).
-struct Sink<'a>(&'a mut [HostedLink]);
+struct Sink<'a>(&'a mut [Link]);
 
 impl Transmit for Sink<'_> {
     fn transmit(&mut self, interface: usize, headers: &[u8], payload: &[&[u8]], trailer: &[u8]) {
-        let mut pieces: [&[u8]; 8] = [&[]; 8];
-        if let (Some(HostedLink::Frame(link)), Some(count)) = (
-            self.0.get_mut(interface),
-            gather(payload, trailer, &mut pieces),
-        ) {
-            let _ = link.transmit(headers, &pieces[..count]);
+        if let Some(link) = self.0.get_mut(interface) {
+            link.transmit(headers, payload, trailer);
         }
     }
 
@@ -151,12 +84,8 @@ impl Transmit for Sink<'_> {
         payload: &[&[u8]],
         trailer: &[u8],
     ) {
-        let mut pieces: [&[u8]; 8] = [&[]; 8];
-        if let (Some(HostedLink::Udp(nic)), Some(count)) = (
-            self.0.get_mut(interface),
-            gather(payload, trailer, &mut pieces),
-        ) {
-            let _ = DatagramNic::transmit(nic, SocketAddr::V4(to), header, &pieces[..count]);
+        if let Some(link) = self.0.get_mut(interface) {
+            link.transmit_datagram(to, header, payload, trailer);
         }
     }
 }
@@ -187,7 +116,7 @@ fn run(args: Args) -> Result<(), String> {
         match spec.open().map_err(|e| format!("link {spec}: {e}"))? {
             Link::Frame(link) => {
                 eprintln!("brick-target: interface {iface} on link {spec}");
-                links.push(HostedLink::Frame(
+                links.push(Link::Frame(
                     link.with_mac(iface.mac.0).with_mtu(usize::from(iface.mtu)),
                 ));
                 modes.push(LinkMode::Ethernet);
@@ -195,7 +124,7 @@ fn run(args: Args) -> Result<(), String> {
             Link::Udp(nic) => {
                 let port = nic.local_addr().port();
                 eprintln!("brick-target: interface {iface} on link {spec} (RoCEv2 over UDP port {port}, Brick peers only)");
-                links.push(HostedLink::Udp(nic.with_mtu(usize::from(iface.mtu))));
+                links.push(Link::Udp(nic.with_mtu(usize::from(iface.mtu))));
                 modes.push(LinkMode::Udp { port });
             }
         }
@@ -214,6 +143,7 @@ fn run(args: Args) -> Result<(), String> {
     signals::install().map_err(|e| format!("signals: {e}"))?;
 
     let clock = MonotonicClock::new();
+    let mut idle = PollIdle::new();
     let mut stop_deadline = None;
     loop {
         let now = clock.now();
@@ -238,12 +168,14 @@ fn run(args: Args) -> Result<(), String> {
         let mut busy = false;
         for (index, link) in links.iter_mut().enumerate() {
             for _ in 0..RX_BURST {
-                let received = link.receive(&mut |packet| match packet {
-                    Packet::Frame(frame) => engine.receive(index, now, frame),
-                    Packet::Datagram(from, datagram) => {
-                        engine.receive_datagram(index, now, from, datagram)
-                    }
-                })?;
+                let received = link
+                    .receive(|packet| match packet {
+                        Packet::Frame(frame) => engine.receive(index, now, frame),
+                        Packet::Datagram(from, datagram) => {
+                            engine.receive_datagram(index, now, from, datagram)
+                        }
+                    })
+                    .map_err(|e| format!("link receive: {e}"))?;
                 if !received {
                     break;
                 }
@@ -267,22 +199,14 @@ fn run(args: Args) -> Result<(), String> {
         if wake.is_some_and(|w| w <= now) {
             continue;
         }
-        let mut readable: Vec<RawFd> = links.iter().filter_map(HostedLink::raw_fd).collect();
-        let link_fds = readable.len();
-        let writable: Vec<RawFd> = links
-            .iter()
-            .filter(|l| l.has_pending_output())
-            .filter_map(HostedLink::raw_fd)
-            .collect();
-        if link_fds < links.len() {
-            // A link without a descriptor (a listener's peer gone): nap.
-            let nap = wake.map_or(10_000_000, |w| (w - now).min(10_000_000));
-            std::thread::sleep(Duration::from_nanos(nap));
+        idle.clear();
+        for link in &links {
+            idle.watch_link(link);
         }
-        readable.extend(engine.volume_fds());
-        if !readable.is_empty() {
-            wait_ready(&readable, &writable, wake).map_err(|e| format!("ppoll: {e}"))?;
+        for fd in engine.volume_fds() {
+            idle.watch_readable(fd);
         }
+        idle.wait(wake).map_err(|e| format!("ppoll: {e}"))?;
     }
     eprint!("{}", engine.stats());
     eprintln!("brick-target: stopped");
