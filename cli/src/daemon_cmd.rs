@@ -1,18 +1,25 @@
 //! `brick status | list | map | unmap`: requests to the running
 //! `brick-initiatord` over its control socket.
 //!
-//! `map` sends one `[[volumes]]` entry, written from the flags (or read
-//! from `--file`), exactly as the daemon's config file has it; the daemon
-//! maps it at once and keeps it until `brick unmap` (across daemon
-//! restarts, not across reboots: put it in the config file for that).
-//! `unmap` removes a volume mapped with `map`; volumes of the config file
-//! are removed there (and the daemon reloaded).
+//! Each command is one typed request of the `control` crate, one JSON
+//! object per line each way; what is printed comes from the typed reply
+//! (`--json`: the report or the entries as one line of JSON, the format
+//! scripts parse; otherwise the daemon's table).
+//!
+//! `map` sends one volume with the fields of a `[[volumes]]` entry of the
+//! daemon's config file, taken from the flags (or read from `--file`, a
+//! TOML file holding one such entry); the daemon checks it with the config
+//! file's rules, maps it at once and keeps it until `brick unmap` (across
+//! daemon restarts, not across reboots: put it in the config file for
+//! that). `unmap` removes a volume mapped with `map`; volumes of the
+//! config file are removed there (and the daemon reloaded).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use initiatord::control::{self, DEFAULT_SOCKET};
+use control::{Format, Reply, Request, VolumeSpec, DEFAULT_SOCKET};
+use serde::Deserialize;
 
 /// Where the daemon listens.
 #[derive(Args, Debug)]
@@ -63,7 +70,9 @@ pub struct MapArgs {
     /// The target's RTRS port (default 1234).
     #[arg(long)]
     port: Option<u16>,
-    /// Read the `[[volumes]]` entry from this TOML file instead.
+    /// Read the volume from this TOML file instead: one `[[volumes]]`
+    /// entry, as in the daemon's config file (without `export`/`link`:
+    /// NBD exports belong in the config file).
     #[arg(long, conflicts_with_all = ["name", "session", "device_path", "paths", "access_mode", "port"])]
     file: Option<PathBuf>,
     #[command(flatten)]
@@ -82,101 +91,166 @@ pub struct UnmapArgs {
     socket: SocketArg,
 }
 
-/// Sends `request`; a `{"error": ...}` reply becomes the error.
-fn ask(socket: &SocketArg, request: &str) -> Result<String> {
+/// Sends `request`; an error reply becomes the error.
+fn ask(socket: &SocketArg, request: &Request) -> Result<Reply> {
     let reply = control::request(&socket.socket, request).with_context(|| {
         format!(
             "no brick-initiatord answers on {} (is it running? see --socket)",
             socket.socket.display()
         )
     })?;
-    let reply = reply.trim_end().to_owned();
-    if let Ok(serde_json::Value::Object(object)) = serde_json::from_str(&reply) {
-        if let Some(serde_json::Value::String(error)) = object.get("error") {
-            bail!("the daemon refused: {error}");
-        }
+    match reply {
+        Reply::Error { message } => bail!("the daemon refused: {message}"),
+        reply => Ok(reply),
     }
-    Ok(reply)
+}
+
+/// The error for a reply of the wrong kind.
+fn unexpected(request: &Request, reply: &Reply) -> anyhow::Error {
+    anyhow::anyhow!(
+        "expected the daemon's answer to {:?}, found a {:?} reply",
+        request.name(),
+        reply.name()
+    )
+}
+
+/// `status` or `list` as `--json` or a table.
+fn show(socket: &SocketArg, request: &Request) -> Result<()> {
+    match ask(socket, request)? {
+        Reply::Status { status } => println!("{}", status.to_json()),
+        Reply::List { volumes } => println!(
+            "{}",
+            serde_json::to_string(&volumes).context("encode the list as JSON")?
+        ),
+        Reply::Text { text } => println!("{text}"),
+        other => return Err(unexpected(request, &other)),
+    }
+    Ok(())
+}
+
+/// The request's format for `--json`.
+fn format(json: bool) -> Format {
+    if json {
+        Format::Json
+    } else {
+        Format::Text
+    }
 }
 
 /// `brick status`.
 pub fn status(args: &StatusArgs) -> Result<()> {
-    let request = if args.json { "status" } else { "status text" };
-    println!("{}", ask(&args.socket, request)?);
-    Ok(())
+    show(
+        &args.socket,
+        &Request::Status {
+            format: format(args.json),
+        },
+    )
 }
 
 /// `brick list`.
 pub fn list(args: &ListArgs) -> Result<()> {
-    let request = if args.json { "list" } else { "list text" };
-    println!("{}", ask(&args.socket, request)?);
-    Ok(())
+    show(
+        &args.socket,
+        &Request::List {
+            format: format(args.json),
+        },
+    )
 }
 
-/// The `[[volumes]]` entry `brick map` sends.
-fn map_toml(args: &MapArgs) -> Result<String> {
+/// The volume `brick map` sends.
+fn map_volume(args: &MapArgs) -> Result<VolumeSpec> {
     if let Some(file) = &args.file {
-        return std::fs::read_to_string(file).with_context(|| format!("read {}", file.display()));
+        let text =
+            std::fs::read_to_string(file).with_context(|| format!("read {}", file.display()))?;
+        return volume_from_toml(&text, file);
     }
-    let mut entry = toml::Table::new();
-    let mut put = |key: &str, value: toml::Value| {
-        entry.insert(key.to_owned(), value);
-    };
-    let text = |value: &Option<String>| toml::Value::String(value.clone().unwrap_or_default());
-    put("name", text(&args.name));
-    put("session", text(&args.session));
-    put("device_path", text(&args.device_path));
-    if let Some(mode) = &args.access_mode {
-        put("access_mode", toml::Value::String(mode.clone()));
+    Ok(VolumeSpec {
+        name: args.name.clone().unwrap_or_default(),
+        session: args.session.clone().unwrap_or_default(),
+        device_path: args.device_path.clone().unwrap_or_default(),
+        access_mode: args.access_mode.clone(),
+        port: args.port,
+        paths: args.paths.clone(),
+    })
+}
+
+/// The one `[[volumes]]` entry of a `--file` (`file` names it in errors).
+/// Only the entry's shape is checked here; its values are the daemon's to
+/// judge, with the config file's rules.
+fn volume_from_toml(text: &str, file: &Path) -> Result<VolumeSpec> {
+    /// What a `--file` may hold.
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct MapFile {
+        #[serde(default)]
+        volumes: Vec<VolumeSpec>,
     }
-    if let Some(port) = args.port {
-        put("port", toml::Value::Integer(i64::from(port)));
+    let document: toml::Table =
+        toml::from_str(text).with_context(|| format!("{}: not TOML", file.display()))?;
+    if document.contains_key("daemon") {
+        bail!(
+            "{}: expected only a [[volumes]] entry, found [daemon]: daemon settings belong in the daemon's config file",
+            file.display()
+        );
     }
-    put(
-        "paths",
-        toml::Value::Array(
-            args.paths
+    if let Some(toml::Value::Array(entries)) = document.get("volumes") {
+        for key in ["export", "link"] {
+            if entries
                 .iter()
-                .cloned()
-                .map(toml::Value::String)
-                .collect(),
+                .any(|entry| entry.as_table().is_some_and(|t| t.contains_key(key)))
+            {
+                bail!(
+                    "{}: expected a volume for the kernel's rnbd client, found `{key}`: \
+                     NBD exports are configured in the daemon's config file, not with brick map",
+                    file.display()
+                );
+            }
+        }
+    }
+    let MapFile { mut volumes } = toml::from_str(text)
+        .map_err(|e| anyhow::anyhow!("{}: {}", file.display(), e.to_string().trim_end()))?;
+    match (volumes.pop(), volumes.len()) {
+        (Some(volume), 0) => Ok(volume),
+        (None, _) => bail!(
+            "{}: expected one [[volumes]] entry, found none",
+            file.display()
         ),
-    );
-    let mut document = toml::Table::new();
-    document.insert(
-        "volumes".to_owned(),
-        toml::Value::Array(vec![toml::Value::Table(entry)]),
-    );
-    Ok(document.to_string())
+        (Some(_), before) => bail!(
+            "{}: expected one [[volumes]] entry, found {}",
+            file.display(),
+            before + 1
+        ),
+    }
 }
 
 /// `brick map`: prints the mapped volume (name, device, state).
 pub fn map(args: &MapArgs) -> Result<()> {
-    let toml = map_toml(args)?;
-    let request = format!("map {}", serde_json::to_string(&toml)?);
-    let reply = ask(&args.socket, &request)?;
-    let entry: serde_json::Value = serde_json::from_str(&reply)
-        .with_context(|| format!("expected the mapped volume as JSON, found {reply:?}"))?;
-    let field = |key: &str| entry.get(key).and_then(|v| v.as_str()).unwrap_or("-");
-    println!(
-        "{}: {} ({}), /dev/brick/{}",
-        field("name"),
-        field("device"),
-        field("state"),
-        field("name")
-    );
+    let request = Request::Map {
+        volume: map_volume(args)?,
+    };
+    match ask(&args.socket, &request)? {
+        Reply::Mapped { volume } => println!(
+            "{}: {} ({}), /dev/brick/{}",
+            volume.name,
+            volume.device.as_deref().unwrap_or("-"),
+            volume.state,
+            volume.name
+        ),
+        other => return Err(unexpected(&request, &other)),
+    }
     Ok(())
 }
 
 /// `brick unmap`.
 pub fn unmap(args: &UnmapArgs) -> Result<()> {
-    let request = if args.force {
-        format!("unmap {} force", args.name)
-    } else {
-        format!("unmap {}", args.name)
+    let request = Request::Unmap {
+        name: args.name.clone(),
+        force: args.force,
     };
-    ask(&args.socket, &request)?;
-    println!("{}: unmapped", args.name);
+    match ask(&args.socket, &request)? {
+        Reply::Unmapped { name, .. } => println!("{name}: unmapped"),
+        other => return Err(unexpected(&request, &other)),
+    }
     Ok(())
 }
 
@@ -184,9 +258,8 @@ pub fn unmap(args: &UnmapArgs) -> Result<()> {
 mod tests {
     use super::*;
 
-    #[test]
-    fn test_map_toml_is_a_config_entry() {
-        let args = MapArgs {
+    fn args() -> MapArgs {
+        MapArgs {
             name: Some("db".into()),
             session: Some("host\"1".into()),
             device_path: Some("vol0".into()),
@@ -197,19 +270,67 @@ mod tests {
             socket: SocketArg {
                 socket: DEFAULT_SOCKET.into(),
             },
-        };
-        let text = map_toml(&args).unwrap();
-        let config = initiatord::config::parse(&text, "t").unwrap();
-        let volume = &config.volumes[0];
+        }
+    }
+
+    #[test]
+    fn test_map_volume_from_flags() {
         assert_eq!(
-            (
-                volume.name.as_str(),
-                volume.session.as_str(),
-                volume.port,
-                volume.paths.len()
-            ),
-            ("db", "host\"1", 1235, 2)
+            map_volume(&args()).unwrap(),
+            VolumeSpec {
+                name: "db".into(),
+                session: "host\"1".into(),
+                device_path: "vol0".into(),
+                access_mode: Some("ro".into()),
+                port: Some(1235),
+                paths: vec!["10.0.0.1".into(), "ip:10.0.0.2@ip:10.0.1.1".into()],
+            }
         );
-        assert_eq!(volume.access_mode.as_str(), "ro");
+        let plain = MapArgs {
+            access_mode: None,
+            port: None,
+            ..args()
+        };
+        let volume = map_volume(&plain).unwrap();
+        assert_eq!((volume.access_mode, volume.port), (None, None));
+    }
+
+    #[test]
+    fn test_map_volume_from_a_file() {
+        let file = Path::new("db.toml");
+        let entry = "[[volumes]]\nname = \"db\"\nsession = \"host\\\"1\"\ndevice_path = \"vol0\"\n\
+                     access_mode = \"ro\"\nport = 1235\npaths = [\"10.0.0.1\", \"ip:10.0.0.2@ip:10.0.1.1\"]\n";
+        assert_eq!(
+            volume_from_toml(entry, file).unwrap(),
+            map_volume(&args()).unwrap()
+        );
+        let cases = [
+            (
+                format!("{entry}size = 3\n"),
+                "db.toml: TOML parse error at line 8",
+            ),
+            (format!("{entry}size = 3\n"), "unknown field `size`"),
+            (entry.replace("port = 1235", "port = 70000"), "70000"),
+            (entry.replace("name = \"db\"\n", ""), "missing field `name`"),
+            (
+                format!("[daemon]\npoll_interval_ms = 100\n\n{entry}"),
+                "[daemon]: daemon settings belong in the daemon's config file",
+            ),
+            (
+                format!("{entry}export = \"nbd:tcp:127.0.0.1:10809\"\n"),
+                "found `export`: NBD exports are configured in the daemon's config file",
+            ),
+            (String::new(), "expected one [[volumes]] entry, found none"),
+            (
+                format!("{entry}\n{entry}"),
+                "expected one [[volumes]] entry, found 2",
+            ),
+            ("volumes = 3".into(), "db.toml:"),
+            ("[[volumes]\n".into(), "db.toml: not TOML"),
+        ];
+        for (text, expected) in cases {
+            let e = format!("{:#}", volume_from_toml(&text, file).unwrap_err());
+            assert!(e.contains(expected), "{text}: {e}");
+        }
     }
 }

@@ -14,29 +14,38 @@
 //! config-file volume wins over a run-time volume of the same name (the
 //! run-time one is dropped, and logged).
 //!
-//! Requests on the control socket ([`Daemon::answer`]), one line each:
+//! Requests on the control socket ([`Daemon::answer`]; the wire format
+//! and its framing are the `control` crate's):
 //!
-//! | request | reply |
+//! | [`Request`] | [`Reply`] |
 //! |---|---|
-//! | `status` / `status text` | the last pass's [`Status`], JSON / table |
-//! | `list` / `list text` | volumes with origin, device and state |
-//! | `map <TOML>` | maps one `[[volumes]]` entry (a JSON string) now |
-//! | `unmap <NAME> [force]` | unmaps a run-time volume now |
+//! | `Status` (json / text) | the last pass's [`Status`] / its table |
+//! | `List` (json / text) | volumes with origin, device and state ([`ListEntry`]) / a table |
+//! | `Map { volume }` | maps one volume now, kept as a run-time volume |
+//! | `Unmap { name, force }` | unmaps a run-time volume now |
 //!
-//! Replies are one line of JSON (`{"error": ...}` on failure) except the
-//! `text` forms.
+//! A refusal is [`Reply::Error`], its message saying what was expected and
+//! what was found. The volume of a `Map` is checked exactly as the state
+//! file is when the daemon starts: it is written as a `[[volumes]]` entry
+//! and read back with the config file's parser ([`config::parse`]), then
+//! against the volumes in force ([`config::conflict`]); errors name the
+//! field (`map request: volume.paths[0]: expected an address …`).
 
 use std::io;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+use control::{Format, Reply, Request, VolumeSpec};
 use serde::Serialize;
 
 use crate::config::{self, Config, ConfigError, Volume};
 use crate::observe::observe;
 use crate::reconcile::{apply, reconcile, Action, Memory, Options, Pass};
-use crate::status::{Status, ORIGIN_CONFIG, ORIGIN_RUNTIME};
+use crate::status::{self, Status, ORIGIN_CONFIG, ORIGIN_RUNTIME};
 use crate::sysfs::Sysfs;
+
+/// One entry of the `list` reply.
+pub use control::ListEntry;
 
 /// Where run-time volumes are kept unless `--state` says otherwise.
 pub const DEFAULT_STATE: &str = "/run/brick/initiatord-volumes.toml";
@@ -82,25 +91,6 @@ pub struct ReloadSummary {
     pub superseded: Vec<String>,
 }
 
-/// One entry of the `list` reply.
-#[derive(Clone, PartialEq, Eq, Debug, Serialize)]
-pub struct ListEntry {
-    /// The stable name.
-    pub name: String,
-    /// `config` or `runtime`.
-    pub origin: String,
-    /// Session name.
-    pub session: String,
-    /// Device path on the target.
-    pub device_path: String,
-    /// How it is opened.
-    pub access_mode: String,
-    /// `rnbdN`, if mapped.
-    pub device: Option<String>,
-    /// As in `status`.
-    pub state: String,
-}
-
 impl Daemon {
     /// Loads the config at `config_path` (no run-time volumes yet; see
     /// [`Daemon::with_state`]).
@@ -112,7 +102,7 @@ impl Daemon {
         let file = config::load(config_path)?;
         Ok(Self {
             config: file.clone(),
-            status: Status::new(&file, &Default::default(), &[]),
+            status: status::report(&file, &Default::default(), &[]),
             file,
             runtime: Vec::new(),
             state_path: None,
@@ -233,7 +223,7 @@ impl Daemon {
         for notice in self.memory.new_notices(&pass.notices) {
             log(&notice);
         }
-        self.status = Status::new(&self.config, &pass.observed, &pass.notices);
+        self.status = status::report(&self.config, &pass.observed, &pass.notices);
         for volume in &mut self.status.volumes {
             if self.runtime.iter().any(|r| r.volume.name == volume.name) {
                 volume.origin = ORIGIN_RUNTIME.to_owned();
@@ -246,41 +236,40 @@ impl Daemon {
     /// `map` and `unmap` act at once, through `sysfs`, and log like a pass.
     pub fn answer(
         &mut self,
-        request: &str,
+        request: Request,
         sysfs: &mut dyn Sysfs,
         now: Instant,
         log: &mut dyn FnMut(&str),
-    ) -> String {
-        let (verb, rest) = request.split_once(' ').unwrap_or((request, ""));
-        let result = match (verb, rest.trim()) {
-            ("status", "") => Ok(self.status.to_json()),
-            ("status", "text") => Ok(self.status.to_string().trim_end().to_owned()),
-            ("list", "") => Ok(json(&self.list())),
-            ("list", "text") => Ok(list_text(&self.list())),
-            ("map", argument) if !argument.is_empty() => {
-                match serde_json::from_str::<String>(argument) {
-                    Ok(toml) => self.map(&toml, sysfs, now, log),
-                    Err(e) => Err(format!(
-                        "map: expected a JSON string holding one [[volumes]] entry, found {argument:?} ({e})"
-                    )),
-                }
-            }
-            ("unmap", argument) if !argument.is_empty() => {
-                let words: Vec<&str> = argument.split_whitespace().collect();
-                match words.as_slice() {
-                    [name] => self.unmap(name, false, sysfs, now, log),
-                    [name, "force"] => self.unmap(name, true, sysfs, now, log),
-                    _ => Err(format!(
-                        "unmap: expected \"unmap NAME [force]\", found {request:?}"
-                    )),
-                }
-            }
-            _ => Err(format!(
-                "unknown request {request:?}; expected status [text], list [text], \
-                 map <json string>, unmap NAME [force]"
-            )),
+    ) -> Reply {
+        let result = match request {
+            Request::Status {
+                format: Format::Json,
+            } => Ok(Reply::Status {
+                status: self.status.clone(),
+            }),
+            Request::Status {
+                format: Format::Text,
+            } => Ok(Reply::Text {
+                text: status::table(&self.status).trim_end().to_owned(),
+            }),
+            Request::List {
+                format: Format::Json,
+            } => Ok(Reply::List {
+                volumes: self.list(),
+            }),
+            Request::List {
+                format: Format::Text,
+            } => Ok(Reply::Text {
+                text: list_text(&self.list()),
+            }),
+            Request::Map { volume } => self
+                .map(&volume, sysfs, now, log)
+                .map(|volume| Reply::Mapped { volume }),
+            Request::Unmap { name, force } => self
+                .unmap(&name, force, sysfs, now, log)
+                .map(|device| Reply::Unmapped { name, device }),
         };
-        result.unwrap_or_else(|message| json(&ErrorReply { error: message }))
+        result.unwrap_or_else(Reply::error)
     }
 
     /// Every volume in force, with its origin and last observed state.
@@ -316,30 +305,19 @@ impl Daemon {
         self.runtime.iter().any(|r| r.volume.name == name)
     }
 
-    /// `map`: adds one run-time volume and maps it now. A map the kernel
-    /// refuses is undone (the volume is not kept); a map that has to wait
-    /// (its session has no connected path) is kept and retried.
+    /// `map`: adds one run-time volume and maps it now; returns it as
+    /// `list` shows it. A map the kernel refuses is undone (the volume is
+    /// not kept); a map that has to wait (its session has no connected
+    /// path) is kept and retried.
     fn map(
         &mut self,
-        toml: &str,
+        spec: &VolumeSpec,
         sysfs: &mut dyn Sysfs,
         now: Instant,
         log: &mut dyn FnMut(&str),
-    ) -> Result<String, String> {
-        let mut entries = parse_state(toml, "map request").map_err(|e| e.to_string())?;
-        let entry = match (entries.pop(), entries.is_empty()) {
-            (Some(entry), true) => entry,
-            (None, _) => return Err("map: the request holds no [[volumes]] entry".into()),
-            (Some(_), false) => {
-                return Err("map: expected one [[volumes]] entry, found several".into())
-            }
-        };
+    ) -> Result<ListEntry, String> {
+        let entry = runtime_volume(spec)?;
         let name = entry.volume.name.clone();
-        if entry.volume.is_userspace() {
-            return Err(format!(
-                "map {name}: NBD exports (export = ...) are configured in the config file, not at run time"
-            ));
-        }
         if let Some(existing) = self.config.volume(&name) {
             return Err(if self.is_runtime(&name) {
                 format!("volume {name:?} is already mapped at run time")
@@ -383,12 +361,17 @@ impl Daemon {
             ));
             return Err(format!("map {name}: the kernel refused: {error}"));
         }
-        let entry = self.list().into_iter().find(|e| e.name == name);
-        Ok(json(&entry))
+        self.list()
+            .into_iter()
+            .find(|e| e.name == name)
+            .ok_or_else(|| {
+                format!("map {name}: expected the volume in force after the map, found it gone")
+            })
     }
 
-    /// `unmap`: unmaps a run-time volume now and forgets it. An open or
-    /// mounted device is kept unless `force`.
+    /// `unmap`: unmaps a run-time volume now and forgets it; returns the
+    /// device it was mapped as, if it was. An open or mounted device is
+    /// kept unless `force`.
     fn unmap(
         &mut self,
         name: &str,
@@ -396,7 +379,7 @@ impl Daemon {
         sysfs: &mut dyn Sysfs,
         now: Instant,
         log: &mut dyn FnMut(&str),
-    ) -> Result<String, String> {
+    ) -> Result<Option<String>, String> {
         let Some(volume) = self.config.volume(name).cloned() else {
             return Err(format!("no volume {name:?}"));
         };
@@ -444,10 +427,7 @@ impl Daemon {
         kept.map_err(|e| {
             format!("unmapped {name}, but the state file was not updated ({e}): a restarted daemon would map it again")
         })?;
-        Ok(json(&UnmapReply {
-            unmapped: name.to_owned(),
-            device: device.map(|d| d.name),
-        }))
+        Ok(device.map(|d| d.name))
     }
 
     /// Writes the run-time volumes to the state file (atomically).
@@ -471,22 +451,45 @@ impl Daemon {
     }
 }
 
-#[derive(Serialize)]
-struct ErrorReply {
-    error: String,
+/// The volume of a `map` request, checked as the state file is: written
+/// as its `[[volumes]]` entry (what the state file keeps) and read back
+/// with the config file's parser. Errors name the request's field.
+fn runtime_volume(spec: &VolumeSpec) -> Result<RuntimeVolume, String> {
+    /// A one-entry state file.
+    #[derive(Serialize)]
+    struct Entry<'v> {
+        volumes: [&'v VolumeSpec; 1],
+    }
+    let origin = "map request";
+    let text = toml::to_string(&Entry { volumes: [spec] }).map_err(|e| {
+        format!(
+            "{origin}: expected a volume that can be written as a [[volumes]] entry, found {:?}: {e}",
+            spec.name
+        )
+    })?;
+    let entries = parse_state(&text, origin).map_err(|e| {
+        // `volumes[0].paths[1]` of the entry is `volume.paths[1]` of the request.
+        let field = match e.path.strip_prefix("volumes[0]") {
+            Some(rest) => format!("volume{rest}"),
+            None => e.path.clone(),
+        };
+        if field.is_empty() {
+            format!("{origin}: {}", e.message)
+        } else {
+            format!("{origin}: {field}: {}", e.message)
+        }
+    })?;
+    let count = entries.len();
+    match (entries.into_iter().next(), count) {
+        (Some(entry), 1) => Ok(entry),
+        // Unreachable: one entry was written.
+        _ => Err(format!(
+            "{origin}: expected one [[volumes]] entry, found {count}"
+        )),
+    }
 }
 
-#[derive(Serialize)]
-struct UnmapReply {
-    unmapped: String,
-    device: Option<String>,
-}
-
-fn json(value: &impl Serialize) -> String {
-    serde_json::to_string(value).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
-}
-
-/// The `list text` table.
+/// The `list` table (format `text`).
 fn list_text(entries: &[ListEntry]) -> String {
     let mut text = format!(
         "{:<16} {:<8} {:<10} {:<11} {:<4} SESSION/DEVICE_PATH",
@@ -586,17 +589,135 @@ mod tests {
         (dir, path, state)
     }
 
-    fn request(daemon: &mut Daemon, kernel: &mut FakeKernel, line: &str) -> String {
-        daemon.answer(line, kernel, Instant::now(), &mut |_| {})
+    fn request(daemon: &mut Daemon, kernel: &mut FakeKernel, request: Request) -> Reply {
+        daemon.answer(request, kernel, Instant::now(), &mut |_| {})
     }
 
-    fn map_request(toml: &str) -> String {
-        format!("map {}", serde_json::to_string(toml).unwrap())
+    /// The message of an error reply (panics on any other reply).
+    fn refusal(reply: Reply) -> String {
+        match reply {
+            Reply::Error { message } => message,
+            other => panic!("expected an error reply, found {other:?}"),
+        }
+    }
+
+    /// The text of a text reply.
+    fn text(reply: Reply) -> String {
+        match reply {
+            Reply::Text { text } => text,
+            other => panic!("expected a text reply, found {other:?}"),
+        }
+    }
+
+    /// A volume `name` of session `s` on `device_path`, path 10.0.0.1.
+    fn spec(name: &str, device_path: &str) -> VolumeSpec {
+        VolumeSpec {
+            name: name.into(),
+            session: "s".into(),
+            device_path: device_path.into(),
+            access_mode: None,
+            port: None,
+            paths: vec!["10.0.0.1".into()],
+        }
+    }
+
+    fn map(volume: VolumeSpec) -> Request {
+        Request::Map { volume }
+    }
+
+    fn unmap(name: &str, force: bool) -> Request {
+        Request::Unmap {
+            name: name.into(),
+            force,
+        }
+    }
+
+    /// The `logs` volume (read-only) as the config file says it.
+    fn logs() -> VolumeSpec {
+        VolumeSpec {
+            access_mode: Some("ro".into()),
+            ..spec("logs", "vol1")
+        }
     }
 
     const DB: &str =
         "[[volumes]]\nname = \"db\"\nsession = \"s\"\ndevice_path = \"vol0\"\npaths = [\"10.0.0.1\"]\n";
     const LOGS: &str = "[[volumes]]\nname = \"logs\"\nsession = \"s\"\ndevice_path = \"vol1\"\naccess_mode = \"ro\"\npaths = [\"10.0.0.1\"]\n";
+
+    #[test]
+    fn test_map_volume_is_a_config_entry() {
+        // Quotes and `@` survive the trip through the entry's TOML.
+        let volume = VolumeSpec {
+            name: "db".into(),
+            session: "host\"1".into(),
+            device_path: "vol0".into(),
+            paths: vec!["10.0.0.1".into(), "ip:10.0.0.2@ip:10.0.1.1".into()],
+            access_mode: Some("ro".into()),
+            port: Some(1235),
+        };
+        let entry = runtime_volume(&volume).unwrap();
+        assert_eq!(
+            (
+                entry.volume.name.as_str(),
+                entry.volume.session.as_str(),
+                entry.volume.port,
+                entry.volume.paths.len(),
+                entry.volume.access_mode.as_str()
+            ),
+            ("db", "host\"1", 1235, 2, "ro")
+        );
+        // The state file keeps the same entry; it parses as the config does.
+        let again = config::parse(&entry.toml, "state").unwrap();
+        assert!(again.volumes[0].same_settings(&entry.volume));
+        // Absent fields take the config file's defaults.
+        let plain = runtime_volume(&spec("x", "vol5")).unwrap();
+        assert_eq!(plain.volume.port, config::DEFAULT_PORT);
+        assert_eq!(plain.volume.access_mode, config::AccessMode::ReadWrite);
+        assert!(!plain.toml.contains("port") && !plain.toml.contains("access_mode"));
+    }
+
+    #[test]
+    fn test_map_volume_errors_name_the_field() {
+        let cases = [
+            (
+                VolumeSpec {
+                    access_mode: Some("rx".into()),
+                    ..spec("x", "vol5")
+                },
+                "map request: volume.access_mode: expected \"ro\", \"rw\" or \"migration\", found \"rx\"",
+            ),
+            (
+                VolumeSpec {
+                    paths: vec!["10.0.0.1".into(), "10.0.0".into()],
+                    ..spec("x", "vol5")
+                },
+                "map request: volume.paths[1]: expected an address like",
+            ),
+            (
+                VolumeSpec {
+                    paths: Vec::new(),
+                    ..spec("x", "vol5")
+                },
+                "map request: volume.paths: expected 1..=128 paths like \"10.77.0.1\", found 0",
+            ),
+            (spec("a/b", "vol5"), "map request: volume.name: expected letters"),
+            (
+                VolumeSpec {
+                    session: "a.b".into(),
+                    ..spec("x", "vol5")
+                },
+                "map request: volume.session: expected printable ASCII",
+            ),
+            (
+                spec("x", "../etc"),
+                "map request: volume.device_path: expected no \"..\" component",
+            ),
+        ];
+        for (volume, expected) in cases {
+            let e = runtime_volume(&volume).err().unwrap_or_default();
+            assert!(e.starts_with(expected), "{volume:?}: {e}");
+        }
+    }
 
     #[test]
     fn test_map_request_maps_now_and_survives_a_restart() {
@@ -610,17 +731,32 @@ mod tests {
             .tick(&mut kernel, Instant::now(), &mut |_| {})
             .unwrap();
 
-        let reply = request(&mut daemon, &mut kernel, &map_request(LOGS));
+        let reply = request(&mut daemon, &mut kernel, map(logs()));
         assert_eq!(
             reply,
-            "{\"name\":\"logs\",\"origin\":\"runtime\",\"session\":\"s\",\"device_path\":\"vol1\",\
-             \"access_mode\":\"ro\",\"device\":\"rnbd1\",\"state\":\"open\"}"
+            Reply::Mapped {
+                volume: ListEntry {
+                    name: "logs".into(),
+                    origin: "runtime".into(),
+                    session: "s".into(),
+                    device_path: "vol1".into(),
+                    access_mode: "ro".into(),
+                    device: Some("rnbd1".into()),
+                    state: "open".into(),
+                }
+            }
         );
         assert_eq!(kernel.link("logs"), Some("../rnbd1"));
-        assert!(std::fs::read_to_string(&state)
-            .unwrap()
-            .contains("name = \"logs\""));
-        let list = request(&mut daemon, &mut kernel, "list text");
+        let kept = std::fs::read_to_string(&state).unwrap();
+        assert!(kept.contains("name = \"logs\""), "{kept}");
+        assert!(kept.contains("access_mode = \"ro\""), "{kept}");
+        let list = text(request(
+            &mut daemon,
+            &mut kernel,
+            Request::List {
+                format: Format::Text,
+            },
+        ));
         assert!(
             list.contains("\ndb               config   rnbd0      open        rw   s/vol0"),
             "{list}"
@@ -629,9 +765,29 @@ mod tests {
             list.contains("\nlogs             runtime  rnbd1      open        ro   s/vol1"),
             "{list}"
         );
-        assert!(request(&mut daemon, &mut kernel, "status").contains(
+        let Reply::Status { status } = request(
+            &mut daemon,
+            &mut kernel,
+            Request::Status {
+                format: Format::Json,
+            },
+        ) else {
+            panic!("expected a status reply");
+        };
+        assert!(status.to_json().contains(
             "\"name\":\"logs\",\"session\":\"s\",\"device_path\":\"vol1\",\"origin\":\"runtime\""
         ));
+        let table = text(request(
+            &mut daemon,
+            &mut kernel,
+            Request::Status {
+                format: Format::Text,
+            },
+        ));
+        assert!(
+            table.contains("logs             rnbd1      open        ok       s/vol1"),
+            "{table}"
+        );
 
         // A restarted daemon finds the run-time volume and changes nothing.
         let mut again = Daemon::load(&path, Options::default()).unwrap();
@@ -659,51 +815,63 @@ mod tests {
         daemon
             .tick(&mut kernel, Instant::now(), &mut |_| {})
             .unwrap();
-        let cases: &[(&str, &str)] = &[
-            (DB, "volume \"db\" is in the config file"),
+        let cases = [
+            (spec("db", "vol0"), "volume \"db\" is in the config file"),
             (
-                "[[volumes]]\nname = \"x\"\nsession = \"s\"\ndevice_path = \"vol0\"\npaths = [\"10.0.0.1\"]\n",
+                spec("x", "vol0"),
                 "\"vol0\" is already mapped in session \"s\" by volume \"db\"",
             ),
             (
-                "[[volumes]]\nname = \"x\"\nsession = \"s\"\ndevice_path = \"vol5\"\npaths = [\"10.0.0.2\"]\n",
+                VolumeSpec {
+                    paths: vec!["10.0.0.2".into()],
+                    ..spec("x", "vol5")
+                },
                 "volumes sharing a session must list the same paths and port",
             ),
             (
-                "[[volumes]]\nname = \"x\"\nsession = \"s\"\ndevice_path = \"vol5\"\npaths = [\"10.0.0.1\"]\nsize = 1\n",
-                "map request:6",
+                VolumeSpec {
+                    port: Some(1235),
+                    ..spec("x", "vol5")
+                },
+                "volumes sharing a session must list the same paths and port",
             ),
-            ("[daemon]\npoll_interval_ms = 100\n", "[daemon] settings belong in the config file"),
-            ("", "holds no [[volumes]] entry"),
             (
-                "[[volumes]]\nname = \"x\"\nsession = \"t\"\ndevice_path = \"vol5\"\npaths = [\"10.0.0.1\"]\n\
-                 [[volumes]]\nname = \"y\"\nsession = \"t\"\ndevice_path = \"vol6\"\npaths = [\"10.0.0.1\"]\n",
-                "found several",
+                VolumeSpec {
+                    access_mode: Some("rx".into()),
+                    ..spec("x", "vol5")
+                },
+                "map request: volume.access_mode: expected",
+            ),
+            (
+                VolumeSpec {
+                    paths: vec!["host".into()],
+                    session: "t".into(),
+                    ..spec("x", "vol5")
+                },
+                "map request: volume.paths[0]: expected an address",
             ),
             // Not exported by the target: the kernel refuses, nothing is kept.
             (
-                "[[volumes]]\nname = \"x\"\nsession = \"t\"\ndevice_path = \"vol5\"\npaths = [\"10.0.0.1\"]\n",
+                VolumeSpec {
+                    session: "t".into(),
+                    ..spec("x", "vol5")
+                },
                 "the kernel refused",
             ),
         ];
-        for (toml, expected) in cases {
-            let reply = request(&mut daemon, &mut kernel, &map_request(toml));
-            assert!(
-                reply.starts_with("{\"error\":") && reply.contains(&expected.replace('"', "\\\"")),
-                "{toml}: {reply}"
-            );
-            assert_eq!(daemon.config.volumes.len(), 1, "{toml}");
+        for (volume, expected) in cases {
+            let message = refusal(request(&mut daemon, &mut kernel, map(volume.clone())));
+            assert!(message.contains(expected), "{volume:?}: {message}");
+            assert_eq!(daemon.config.volumes.len(), 1, "{volume:?}");
             assert!(
                 !std::fs::read_to_string(&state)
                     .unwrap_or_default()
                     .contains("name ="),
-                "{toml}"
+                "{volume:?}"
             );
         }
-        for line in ["map", "map not-json", "unmap", "unmap a b c", "frobnicate"] {
-            let reply = request(&mut daemon, &mut kernel, line);
-            assert!(reply.starts_with("{\"error\":"), "{line}: {reply}");
-        }
+        let message = refusal(request(&mut daemon, &mut kernel, map(logs())));
+        assert!(message.contains("the kernel refused"), "{message}");
         assert_eq!(kernel.device_names(), ["rnbd0"]);
         std::fs::remove_dir_all(&dir).unwrap();
     }
@@ -719,26 +887,37 @@ mod tests {
         daemon
             .tick(&mut kernel, Instant::now(), &mut |_| {})
             .unwrap();
-        request(&mut daemon, &mut kernel, &map_request(LOGS));
+        request(&mut daemon, &mut kernel, map(logs()));
         assert_eq!(kernel.device_names(), ["rnbd0", "rnbd1"]);
 
-        let reply = request(&mut daemon, &mut kernel, "unmap db");
+        let message = refusal(request(&mut daemon, &mut kernel, unmap("db", false)));
         assert!(
-            reply.contains("is in the config file") && reply.contains("(line 1)"),
-            "{reply}"
+            message.contains("is in the config file")
+                && message.contains("(line 1)")
+                && message.contains("remove it there and reload"),
+            "{message}"
         );
-        assert!(request(&mut daemon, &mut kernel, "unmap nope").contains("no volume \\\"nope\\\""));
+        assert_eq!(
+            refusal(request(&mut daemon, &mut kernel, unmap("nope", true))),
+            "no volume \"nope\""
+        );
 
         kernel.mount("rnbd1", "/srv/logs");
-        let reply = request(&mut daemon, &mut kernel, "unmap logs");
-        assert!(
-            reply.contains("rnbd1 (logs) is mounted at /srv/logs; unmount it or use --force"),
-            "{reply}"
+        let message = refusal(request(&mut daemon, &mut kernel, unmap("logs", false)));
+        assert_eq!(
+            message,
+            "rnbd1 (logs) is mounted at /srv/logs; unmount it or use --force"
         );
         assert_eq!(kernel.device_names(), ["rnbd0", "rnbd1"]);
 
-        let reply = request(&mut daemon, &mut kernel, "unmap logs force");
-        assert_eq!(reply, "{\"unmapped\":\"logs\",\"device\":\"rnbd1\"}");
+        let reply = request(&mut daemon, &mut kernel, unmap("logs", true));
+        assert_eq!(
+            reply,
+            Reply::Unmapped {
+                name: "logs".into(),
+                device: Some("rnbd1".into())
+            }
+        );
         assert_eq!(kernel.device_names(), ["rnbd0"]);
         assert_eq!(kernel.link("logs"), None);
         assert!(!std::fs::read_to_string(&state).unwrap().contains("logs"));
@@ -758,7 +937,7 @@ mod tests {
         kernel.export("vol1");
         let mut daemon = Daemon::load(&path, Options::default()).unwrap();
         daemon.with_state(&state).unwrap();
-        request(&mut daemon, &mut kernel, &map_request(LOGS));
+        request(&mut daemon, &mut kernel, map(logs()));
         std::fs::write(&path, format!("{DB}\n{LOGS}")).unwrap();
         let summary = daemon.reload().unwrap();
         assert_eq!(summary.superseded, ["logs"]);
@@ -768,8 +947,20 @@ mod tests {
             .tick(&mut kernel, Instant::now(), &mut |_| {})
             .unwrap();
         assert!(kernel.writes.is_empty(), "{:?}", kernel.writes);
-        assert!(request(&mut daemon, &mut kernel, "list")
-            .contains("\"name\":\"logs\",\"origin\":\"config\""));
+        let Reply::List { volumes } = request(
+            &mut daemon,
+            &mut kernel,
+            Request::List {
+                format: Format::Json,
+            },
+        ) else {
+            panic!("expected a list reply");
+        };
+        let origins: Vec<(&str, &str)> = volumes
+            .iter()
+            .map(|v| (v.name.as_str(), v.origin.as_str()))
+            .collect();
+        assert_eq!(origins, [("db", "config"), ("logs", "config")]);
         assert!(!std::fs::read_to_string(&state).unwrap().contains("logs"));
 
         // A state file that conflicts with the config file stops the start.

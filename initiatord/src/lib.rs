@@ -8,19 +8,25 @@
 //! `/dev/brick/<name>` links right. Every action is logged with its reason.
 //!
 //! The kernel interface is described in `docs/protocol/rnbd.md` §5 and
-//! `docs/protocol/rtrs.md` §8. [`fake::FakeKernel`] simulates it, so the
-//! reconciliation is tested without a kernel.
+//! `docs/protocol/rtrs.md` §8. The tests simulate it with a fake kernel
+//! (module `fake`, a [`sysfs::Sysfs`] that reacts as rnbd and rtrs do),
+//! so the reconciliation is tested without a kernel. That module is
+//! compiled only for this crate's own tests (`#[cfg(test)]`): it is not
+//! part of the library.
 //!
 //! Modules: [`config`] (TOML -> validated [`config::Config`], errors with
 //! line and field), [`sysfs`] (the [`sysfs::Sysfs`] trait and the host
-//! implementation), [`fake`] (the simulated kernel), [`observe`] (sysfs ->
-//! [`observe::Observed`]), [`reconcile`] (plan and apply), [`daemon`]
-//! (config in force, reload), [`status`] and [`control`] (the `status`
-//! request over a unix socket). Volumes with `export = "nbd:…"` are not
-//! the kernel's: [`userspace`] maps them with Brick's own initiator and
-//! serves them with the [`nbd`] server (fixed-newstyle NBD over a unix
-//! socket or loopback TCP). `examples/initiator.toml` is a commented
-//! config; `brick-initiatord.service` the systemd unit.
+//! implementation), [`observe`] (sysfs -> [`observe::Observed`]),
+//! [`reconcile`] (plan and apply), [`daemon`] (config in force, reload,
+//! run-time volumes, the answers to control-socket requests) and
+//! [`status`] (the report). The control socket itself (typed requests and
+//! replies, one JSON object per line, the client and the server's framing)
+//! is the `control` crate (`brick-control`), which the `brick` command
+//! uses too. Volumes with `export = "nbd:…"` are not the kernel's:
+//! [`userspace`] maps them with Brick's own initiator and serves them with
+//! the [`nbd`] server (fixed-newstyle NBD over a unix socket or loopback
+//! TCP). `examples/initiator.toml` is a commented config;
+//! `brick-initiatord.service` the systemd unit.
 //!
 //! No unsafe code here; the binary's signal handlers are the only unsafe
 //! (module `signals` of `src/main.rs`).
@@ -29,9 +35,9 @@
 #![warn(missing_docs)]
 
 pub mod config;
-pub mod control;
 pub mod daemon;
-pub mod fake;
+#[cfg(test)]
+mod fake;
 pub mod nbd;
 pub mod observe;
 pub mod reconcile;

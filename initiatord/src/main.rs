@@ -8,7 +8,8 @@
 //! `reconcile` module). SIGHUP re-reads the config (a bad file is logged and
 //! the old one stays in force); SIGTERM/SIGINT stop the daemon, leaving the
 //! mappings as they are. Requests (`status`, `list`, `map`, `unmap`: the
-//! `brick` command's) are answered on a unix socket
+//! `brick` command's; typed, one JSON object per line, see the `control`
+//! crate) are answered on a unix socket
 //! (`/run/brick-initiatord.sock`); volumes added with `brick map` are kept
 //! in the state file (`--state`, under `/run`) so a restarted daemon keeps
 //! them (library module `daemon`). Logs go to stderr, one line per action with its
@@ -35,8 +36,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand};
+use control::{ControlServer, Format, Reply, Request, DEFAULT_SOCKET};
 use initiatord::config::DEFAULT_CONFIG_PATH;
-use initiatord::control::{self, ControlServer, DEFAULT_SOCKET};
 use initiatord::daemon::{Daemon, DEFAULT_STATE};
 use initiatord::reconcile::{converged, Options};
 use initiatord::sysfs::HostSysfs;
@@ -95,11 +96,26 @@ enum Command {
 /// `brick-initiatord status`: one request over the control socket.
 fn client(socket: &std::path::Path, command: &Command) -> ExitCode {
     let Command::Status { json } = command;
-    let request = if *json { "status" } else { "status text" };
-    match control::request(socket, request) {
-        Ok(reply) => {
-            print!("{reply}");
+    let format = if *json { Format::Json } else { Format::Text };
+    match control::request(socket, &Request::Status { format }) {
+        Ok(Reply::Status { status }) => {
+            println!("{}", status.to_json());
             ExitCode::SUCCESS
+        }
+        Ok(Reply::Text { text }) => {
+            println!("{text}");
+            ExitCode::SUCCESS
+        }
+        Ok(Reply::Error { message }) => {
+            eprintln!("brick-initiatord: the daemon refused: {message}");
+            ExitCode::from(1)
+        }
+        Ok(other) => {
+            eprintln!(
+                "brick-initiatord: expected a status reply, found a {} reply",
+                other.name()
+            );
+            ExitCode::from(1)
         }
         Err(e) => {
             eprintln!(

@@ -1,139 +1,90 @@
 //! What `status` reports: each configured volume, its device, link and paths.
 //!
-//! Built from the config and the last observation; rendered as JSON (for
-//! `brick status --json` and scripts) or as text for people.
+//! Built from the config and the last observation ([`report`]); sent as
+//! the typed report (the control crate's [`Status`], what `brick status
+//! --json` prints for scripts) or as a [`table`] for people.
 
 use std::fmt;
 
-use serde::Serialize;
-
 use crate::config::Config;
 use crate::observe::{link_device, DeviceState, Observed};
-use crate::userspace::ExportStatus;
 
-/// [`VolumeStatus::origin`] of a volume from the config file.
-pub const ORIGIN_CONFIG: &str = "config";
-/// [`VolumeStatus::origin`] of a volume added with `brick map`.
-pub const ORIGIN_RUNTIME: &str = "runtime";
+pub use control::{ExportStatus, PathStatus, Status, VolumeStatus, ORIGIN_CONFIG, ORIGIN_RUNTIME};
 
-/// The daemon's report.
-#[derive(Clone, PartialEq, Eq, Debug, Serialize)]
-pub struct Status {
-    /// Every kernel volume is mapped, open and linked.
-    pub converged: bool,
-    /// One entry per volume the kernel maps (rnbd), in config order.
-    pub volumes: Vec<VolumeStatus>,
-    /// One entry per NBD export (volumes Brick's userspace initiator
-    /// maps), in config order; filled in by the daemon's loop.
-    pub exports: Vec<ExportStatus>,
-    /// What the daemon leaves as it is on purpose, and why.
-    pub notices: Vec<String>,
-}
-
-/// One volume.
-#[derive(Clone, PartialEq, Eq, Debug, Serialize)]
-pub struct VolumeStatus {
-    /// The stable name (`/dev/brick/<name>`).
-    pub name: String,
-    /// Session name.
-    pub session: String,
-    /// Device path on the target.
-    pub device_path: String,
-    /// Where the volume comes from: `config` (the config file) or
-    /// `runtime` (`brick map`).
-    pub origin: String,
-    /// `rnbdN`, if mapped.
-    pub device: Option<String>,
-    /// `open`, `closed`, `init`, `unmapped`, or `not mapped`.
-    pub state: String,
-    /// `/dev/brick/<name>` points at the device.
-    pub linked: bool,
-    /// The session's paths.
-    pub paths: Vec<PathStatus>,
-}
-
-/// One path of a volume's session.
-#[derive(Clone, PartialEq, Eq, Debug, Serialize)]
-pub struct PathStatus {
-    /// `src@dst`.
-    pub path: String,
-    /// `state` is `connected`.
-    pub connected: bool,
-}
-
-impl Status {
-    /// The report for `config`'s kernel volumes as `observed` shows them
-    /// (no exports yet).
-    pub fn new(config: &Config, observed: &Observed, notices: &[String]) -> Self {
-        let volumes: Vec<VolumeStatus> = config
-            .volumes
-            .iter()
-            .filter(|volume| !volume.is_userspace())
-            .map(|volume| {
-                let device = observed.device_for(&volume.session, &volume.device_path);
-                let state = match device.map(|d| d.state) {
-                    None => "not mapped",
-                    Some(DeviceState::Open) => "open",
-                    Some(DeviceState::Closed) => "closed",
-                    Some(DeviceState::Init) => "init",
-                    Some(DeviceState::Unmapped) => "unmapped",
-                    Some(DeviceState::Unknown) => "unknown",
-                };
-                let linked = device.is_some_and(|d| {
-                    observed
-                        .links
-                        .get(&volume.name)
-                        .is_some_and(|target| link_device(target) == d.name)
-                });
-                let paths = observed
-                    .sessions
-                    .get(&volume.session)
-                    .map(|s| {
-                        s.paths
-                            .iter()
-                            .map(|p| PathStatus {
-                                path: p.directory.clone(),
-                                connected: p.connected,
-                            })
-                            .collect()
-                    })
-                    .unwrap_or_default();
-                VolumeStatus {
-                    name: volume.name.clone(),
-                    session: volume.session.clone(),
-                    device_path: volume.device_path.clone(),
-                    origin: ORIGIN_CONFIG.to_owned(),
-                    device: device.map(|d| d.name.clone()),
-                    state: state.to_owned(),
-                    linked,
-                    paths,
-                }
-            })
-            .collect();
-        let converged = volumes.iter().all(|v| v.state == "open" && v.linked);
-        Self {
-            converged,
-            volumes,
-            exports: Vec::new(),
-            notices: notices.to_vec(),
-        }
-    }
-
-    /// The report as one line of JSON.
-    pub fn to_json(&self) -> String {
-        serde_json::to_string(self).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
+/// The report for `config`'s kernel volumes as `observed` shows them
+/// (no exports yet; every origin [`ORIGIN_CONFIG`]).
+pub fn report(config: &Config, observed: &Observed, notices: &[String]) -> Status {
+    let volumes: Vec<VolumeStatus> = config
+        .volumes
+        .iter()
+        .filter(|volume| !volume.is_userspace())
+        .map(|volume| {
+            let device = observed.device_for(&volume.session, &volume.device_path);
+            let state = match device.map(|d| d.state) {
+                None => "not mapped",
+                Some(DeviceState::Open) => "open",
+                Some(DeviceState::Closed) => "closed",
+                Some(DeviceState::Init) => "init",
+                Some(DeviceState::Unmapped) => "unmapped",
+                Some(DeviceState::Unknown) => "unknown",
+            };
+            let linked = device.is_some_and(|d| {
+                observed
+                    .links
+                    .get(&volume.name)
+                    .is_some_and(|target| link_device(target) == d.name)
+            });
+            let paths = observed
+                .sessions
+                .get(&volume.session)
+                .map(|s| {
+                    s.paths
+                        .iter()
+                        .map(|p| PathStatus {
+                            path: p.directory.clone(),
+                            connected: p.connected,
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            VolumeStatus {
+                name: volume.name.clone(),
+                session: volume.session.clone(),
+                device_path: volume.device_path.clone(),
+                origin: ORIGIN_CONFIG.to_owned(),
+                device: device.map(|d| d.name.clone()),
+                state: state.to_owned(),
+                linked,
+                paths,
+            }
+        })
+        .collect();
+    let converged = volumes.iter().all(|v| v.state == "open" && v.linked);
+    Status {
+        converged,
+        volumes,
+        exports: Vec::new(),
+        notices: notices.to_vec(),
     }
 }
 
-impl fmt::Display for Status {
-    /// A table for people: one line per volume, then its paths.
+/// The report as a table for people (`status` with format `text`): one
+/// line per volume, then its paths; the exports; the notices.
+pub fn table(status: &Status) -> String {
+    Table(status).to_string()
+}
+
+struct Table<'s>(&'s Status);
+
+impl fmt::Display for Table<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let status = self.0;
         writeln!(
             f,
             "{:<16} {:<10} {:<11} {:<8} SESSION/DEVICE_PATH",
             "NAME", "DEVICE", "STATE", "LINK"
         )?;
-        for v in &self.volumes {
+        for v in &status.volumes {
             writeln!(
                 f,
                 "{:<16} {:<10} {:<11} {:<8} {}/{}",
@@ -157,7 +108,7 @@ impl fmt::Display for Status {
                 )?;
             }
         }
-        for e in &self.exports {
+        for e in &status.exports {
             writeln!(
                 f,
                 "{:<16} nbd {} {}, {}; {} connections, {} requests, {} B read, {} B written, {} errors{}",
@@ -180,7 +131,7 @@ impl fmt::Display for Status {
                     .unwrap_or_default()
             )?;
         }
-        for notice in &self.notices {
+        for notice in &status.notices {
             writeln!(f, "note: {notice}")?;
         }
         Ok(())
@@ -209,7 +160,7 @@ mod tests {
             &mut |_| {},
         )
         .unwrap();
-        Status::new(config, &observe(&kernel).unwrap(), &[])
+        report(config, &observe(&kernel).unwrap(), &[])
     }
 
     #[test]
@@ -231,7 +182,7 @@ mod tests {
              \"state\":\"not mapped\",\"linked\":false,\"paths\":[{\"path\":\"ip:10.0.0.2@ip:10.0.0.1\",\"connected\":true}]}],\
              \"exports\":[],\"notices\":[]}"
         );
-        let text = status.to_string();
+        let text = table(&status);
         assert!(
             text.contains("db               rnbd0      open        ok       s/vol0"),
             "{text}"
@@ -268,7 +219,7 @@ mod tests {
             errors: 1,
             last_error: Some("past the end".into()),
         });
-        let text = status.to_string();
+        let text = table(&status);
         assert!(
             text.contains("n                nbd nbd:unix:/run/brick/n.nbd listening, session up; 2 connections, 10 requests, 4096 B read, 8192 B written, 1 errors; last error: past the end"),
             "{text}"

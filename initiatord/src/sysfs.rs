@@ -1,8 +1,9 @@
 //! The daemon's window on the kernel: sysfs, `/proc/mounts` and `/dev/brick`.
 //!
 //! Everything the reconciler reads or writes goes through [`Sysfs`], so the
-//! logic is tested against [`crate::fake::FakeKernel`] and runs against
-//! [`HostSysfs`] (the real file system under a root, `/` in production).
+//! logic is tested against the tests' fake kernel (module `fake`) and runs
+//! against [`HostSysfs`] (the real file system under a root, `/` in
+//! production).
 //! Paths are absolute, as on the host (`/sys/block/rnbd0/rnbd/state`).
 //!
 //! The files and their meaning are in `docs/protocol/rnbd.md` §5 and

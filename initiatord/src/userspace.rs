@@ -2,7 +2,7 @@
 //!
 //! Where the kernel has no `rnbd_client` (or it is unwanted), a volume with
 //! `export = "nbd:…"` and `link = "udp:…"` (see `config`) is mapped by the
-//! daemon itself with `initiator::hosted` and served by the [`nbd`]
+//! daemon itself with `initiator::hosted` and served by the [`crate::nbd`]
 //! server, so `nbd-client`, `qemu-img` or `qemu-io` can use it.
 //!
 //! One thread per export ([`Exports`] starts, stops and restarts them as
@@ -46,7 +46,6 @@ use std::time::{Duration, Instant};
 
 use initiator::hosted::{Error as HostedError, Session, SessionSpec, Volume as HostedVolume};
 use initiator::{Event, IoError};
-use serde::Serialize;
 
 use crate::config::{AccessMode, Address, Config, ExportAddress, NbdExport, Volume};
 use crate::nbd::{BackendError, Counters, Ending, Idle, NbdBackend, Server};
@@ -86,32 +85,9 @@ impl Default for Tuning {
     }
 }
 
-/// One export as [`Exports::status`] reports it.
-#[derive(Clone, PartialEq, Eq, Debug, Serialize)]
-pub struct ExportStatus {
-    /// The volume's name (the NBD export name).
-    pub name: String,
-    /// `nbd:unix:PATH` or `nbd:tcp:IP:PORT`.
-    pub address: String,
-    /// The listener is bound.
-    pub listening: bool,
-    /// The RTRS session is up and the volume open.
-    pub session_connected: bool,
-    /// A client is being served now.
-    pub client_connected: bool,
-    /// Clients that reached transmission, in total.
-    pub connections: u64,
-    /// Requests answered.
-    pub requests: u64,
-    /// Bytes read by clients.
-    pub bytes_read: u64,
-    /// Bytes written by clients.
-    pub bytes_written: u64,
-    /// Requests answered with an error.
-    pub errors: u64,
-    /// The last failure (connect, bind or IO), if any.
-    pub last_error: Option<String>,
-}
+/// One export as [`Exports::status`] reports it (a part of the daemon's
+/// `status` reply).
+pub use control::ExportStatus;
 
 /// What the thread of an export shares with [`Exports`].
 #[derive(Default)]
