@@ -142,14 +142,16 @@ pub mod wire {
     /// `NBD_CMD_FLAG_NO_HOLE`.
     pub const CMD_FLAG_NO_HOLE: u16 = 1 << 1;
 
-    /// `EPERM`.
-    pub const EPERM: u32 = 1;
-    /// `EIO`.
-    pub const EIO: u32 = 5;
-    /// `EINVAL`.
-    pub const EINVAL: u32 = 22;
-    /// `ENOSPC`.
-    pub const ENOSPC: u32 = 28;
+    // The NBD spec's error values (`NBD_EPERM`, ...) are Linux's errno
+    // numbers, taken from the one errno table; the wire field is 32 bits.
+    /// `NBD_EPERM`.
+    pub const EPERM: u32 = errno::EPERM as u32;
+    /// `NBD_EIO`.
+    pub const EIO: u32 = errno::EIO as u32;
+    /// `NBD_EINVAL`.
+    pub const EINVAL: u32 = errno::EINVAL as u32;
+    /// `NBD_ENOSPC`.
+    pub const ENOSPC: u32 = errno::ENOSPC as u32;
 
     /// Length of a transmission request header.
     pub const REQUEST_LEN: usize = 28;
