@@ -9,6 +9,7 @@
 mod bench;
 mod bench_initiator;
 mod demo;
+mod first_map;
 mod image;
 mod initiator_suite;
 mod interop;

@@ -46,6 +46,9 @@ pub struct Faults {
     pub opcodes: Vec<u8>,
     /// Every frame is a candidate, not only RoCEv2 data.
     pub all_frames: bool,
+    /// Hold every ARP frame this long before forwarding it (in order),
+    /// e.g. to model a slow neighbour's ARP reply.
+    pub arp_delay: Option<Duration>,
 }
 
 /// Counters for one direction.
@@ -116,6 +119,7 @@ impl Relay {
             stop: stop.clone(),
             rng: Rng::new(seed),
             held: [None, None],
+            delayed: Default::default(),
             counts: [0; 2],
             pcap,
         };
@@ -218,6 +222,8 @@ struct Worker {
     rng: Rng,
     /// A frame held back for reordering, per direction, with its deadline.
     held: [Option<(Vec<u8>, Instant)>; 2],
+    /// ARP frames held by `Faults::arp_delay`, per direction, in order.
+    delayed: [std::collections::VecDeque<(Instant, Vec<u8>)>; 2],
     /// Candidate frames seen per direction (for drop_every).
     counts: [u64; 2],
     pcap: Option<PcapWriter>,
@@ -245,9 +251,14 @@ impl Worker {
                     revents: 0,
                 });
             }
+            let timeout = if self.delayed.iter().any(|queue| !queue.is_empty()) {
+                1
+            } else {
+                20
+            };
             // SAFETY: `fds` is a live, correctly sized array of pollfd for
             // the duration of the call.
-            let ready = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 20) };
+            let ready = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout) };
             if ready < 0 {
                 let error = std::io::Error::last_os_error();
                 if error.kind() != std::io::ErrorKind::Interrupted {
@@ -261,6 +272,14 @@ impl Worker {
                 self.service(side);
             }
             for direction in 0..2 {
+                while self.delayed[direction]
+                    .front()
+                    .is_some_and(|(due, _)| Instant::now() >= *due)
+                {
+                    if let Some((_, frame)) = self.delayed[direction].pop_front() {
+                        self.deliver(direction, &frame);
+                    }
+                }
                 if let Some((_, deadline)) = &self.held[direction] {
                     if Instant::now() >= *deadline {
                         let (frame, _) = self.held[direction].take().expect("checked above");
@@ -369,6 +388,13 @@ impl Worker {
         };
         if cut {
             self.lock().stats[direction].lost += 1;
+            return;
+        }
+        if let Some(delay) = faults
+            .arp_delay
+            .filter(|_| frame.get(12..14) == Some(&[0x08, 0x06]))
+        {
+            self.delayed[direction].push_back((Instant::now() + delay, frame));
             return;
         }
         let candidate = faults.all_frames || is_roce_data(&frame, &faults.opcodes);

@@ -18,6 +18,7 @@
 //! and the Brick target). Brick under loss is tested by the roce soak and
 //! by Brick's own initiator.
 
+use crate::first_map;
 use crate::target::{path_address, Bed, BedConfig, TargetKind};
 use crate::util::step;
 use crate::vmimage::Images;
@@ -98,6 +99,7 @@ const fn with_probe(mut case: Case) -> Case {
 
 #[rustfmt::skip]
 const CASES: &[Case] = &[
+    case("first_map", Tier::Smoke, 1, 1500, first_map::first_map),
     case("map_size", Tier::Smoke, 1, 1500, map_size),
     case("verify_4k_small", Tier::Smoke, 1, 1500, verify_4k_small),
     case("unmap_remap", Tier::Smoke, 1, 1500, unmap_remap),
@@ -113,6 +115,8 @@ const CASES: &[Case] = &[
     case("target_restart_timing", Tier::Full, 1, 1500, target_restart_timing),
     case("restart_durable", Tier::Full, 1, 1500, restart_durable),
     case("jumbo_verify", Tier::Full, 1, 9000, jumbo_verify),
+    case("first_map_repeated", Tier::Full, 1, 1500, first_map::first_map_repeated),
+    case("first_map_multipath", Tier::Full, 2, 1500, first_map::first_map),
     case("multipath_cut", Tier::Full, 2, 1500, multipath_cut),
     with_probe(case("hostile_neighbour", Tier::Full, 1, 1500, hostile_neighbour)),
     with_daemon(case("daemon_maps_and_reloads", Tier::Full, 1, 1500, daemon_maps_and_reloads)),
