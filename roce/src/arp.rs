@@ -21,6 +21,23 @@
 //!   entries in use once they age past [`Config::reachable_time`] (unicast to the
 //!   known MAC, which stays usable meanwhile), forgets unused ones.
 //!
+//! # Answering a first resolution twice
+//!
+//! A broadcast request comes from a host that has no entry for us yet. Brick
+//! answers it at once with a **broadcast** reply and [`Config::confirm_delay`]
+//! later with a **unicast** one (RFC 5227 §2.6 allows broadcast replies). A
+//! Linux requester takes the broadcast reply as "stale" and the unicast one as
+//! "reachable": two neighbour updates instead of one. That matters because
+//! Linux's `rdma_resolve_ip()` sends the request (`dst_fetch_ha` ->
+//! `neigh_event_send`) before it queues its resolution, and only a
+//! neighbour-update event (`netevent_callback`) wakes a queued resolution: a
+//! reply processed in between, as a fast responder's is in a slow (emulated)
+//! client, wakes nobody, and the client's first `rdma_resolve_addr()` then
+//! waits for the entry to go stale (15-45 s) or for its 30 s timeout. The
+//! second reply's update comes after the resolution is queued and wakes it.
+//! Unicast requests (a host re-confirming an entry it has) get one unicast
+//! reply, as RFC 826 says.
+//!
 //! The table holds at most `N` neighbours; when full, the least recently confirmed
 //! entry is evicted. Frames are built for Ethernet II without padding
 //! ([`FRAME_LEN`] bytes, as Linux hands them to the NIC).
@@ -52,16 +69,21 @@ pub struct Config {
     /// How long a failed resolution is remembered, ns: requests are not repeated
     /// and packets to it are dropped until then.
     pub failed_hold: u64,
+    /// After a broadcast reply to a broadcast request, when the unicast reply
+    /// follows, ns (see the module docs).
+    pub confirm_delay: u64,
 }
 
 impl Default for Config {
-    /// 30 s reachable, 1 s between requests, 3 requests, 3 s failed hold.
+    /// 30 s reachable, 1 s between requests, 3 requests, 3 s failed hold, the
+    /// unicast reply 50 ms after the broadcast one.
     fn default() -> Config {
         Config {
             reachable_time: 30_000_000_000,
             retransmit_interval: 1_000_000_000,
             max_requests: 3,
             failed_hold: 3_000_000_000,
+            confirm_delay: 50_000_000,
         }
     }
 }
@@ -131,6 +153,11 @@ struct Entry {
     source_ip: Ipv4Address,
     /// Looked up since the last confirmation (only used entries are re-confirmed).
     used: bool,
+    /// A unicast reply to send at this time, from our address `reply_from`
+    /// (the second answer to a broadcast request).
+    reply_due: Option<u64>,
+    /// Our address the pending reply answers for.
+    reply_from: Ipv4Address,
 }
 
 /// An ARP responder and neighbour table of `N` entries for one interface.
@@ -243,6 +270,8 @@ impl<const N: usize> Arp<N> {
             requests_left: self.config.max_requests.saturating_sub(1),
             source_ip,
             used: true,
+            reply_due: None,
+            reply_from: source_ip,
         };
         self.insert(entry);
         Some(self.request_frame(source_ip, ip, None))
@@ -279,11 +308,17 @@ impl<const N: usize> Arp<N> {
             requests_left: 0,
             source_ip,
             used,
+            reply_due: None,
+            reply_from: source_ip,
         };
         match self.find(ip) {
             Some(index) => {
                 let old = self.entries[index];
-                self.entries[index] = reachable(old.source_ip, old.used);
+                self.entries[index] = Entry {
+                    reply_due: old.reply_due,
+                    reply_from: old.reply_from,
+                    ..reachable(old.source_ip, old.used)
+                };
             }
             None if create => {
                 let source = self.addresses.first().copied().unwrap_or(ip);
@@ -347,23 +382,56 @@ impl<const N: usize> Arp<N> {
         if !for_us || operation != Operation::Request {
             return None;
         }
+        // A broadcast request: the first resolution of a host that has no
+        // entry for us. Broadcast reply now, unicast reply later (module docs).
+        let first_resolution =
+            eth.dst_addr.is_broadcast() && !source_protocol_addr.is_unspecified();
+        if first_resolution {
+            if let Some(index) = self.find(source_protocol_addr) {
+                let entry = &mut self.entries[index];
+                entry.reply_due = Some(now.saturating_add(self.config.confirm_delay));
+                entry.reply_from = target_protocol_addr;
+            }
+        }
+        let destination = if first_resolution {
+            EthernetAddress::BROADCAST
+        } else {
+            source_hardware_addr
+        };
+        Some(self.reply_frame(
+            destination,
+            target_protocol_addr,
+            source_hardware_addr,
+            source_protocol_addr,
+        ))
+    }
+
+    /// A reply for our address `from` to the host `to_mac`/`to_ip`, sent to
+    /// the Ethernet address `destination`.
+    fn reply_frame(
+        &self,
+        destination: EthernetAddress,
+        from: Ipv4Address,
+        to_mac: EthernetAddress,
+        to_ip: Ipv4Address,
+    ) -> ArpFrame {
         let mut reply = [0u8; FRAME_LEN];
         emit(
             &mut reply,
             EthernetRepr {
                 src_addr: self.mac,
-                dst_addr: source_hardware_addr,
+                dst_addr: destination,
                 ethertype: EtherType::Arp,
             },
             ArpRepr::EthernetIpv4 {
                 operation: Operation::Reply,
                 source_hardware_addr: self.mac,
-                source_protocol_addr: target_protocol_addr,
-                target_hardware_addr: source_hardware_addr,
-                target_protocol_addr: source_protocol_addr,
+                source_protocol_addr: from,
+                target_hardware_addr: to_mac,
+                target_protocol_addr: to_ip,
             },
         );
-        Some(reply)
+        reply
     }
 
     fn request_frame(
@@ -393,13 +461,25 @@ impl<const N: usize> Arp<N> {
 
     /// When [`Arp::poll`] next has work, or `None` with an empty table.
     pub fn poll_at(&self) -> Option<u64> {
-        self.entries.iter().map(|e| e.deadline).min()
+        self.entries
+            .iter()
+            .map(|e| e.reply_due.map_or(e.deadline, |due| due.min(e.deadline)))
+            .min()
     }
 
     /// Runs the timers due at `now` and returns at most one frame to send (call
     /// again until `None`). Bounded: one pass over the table per call.
     pub fn poll(&mut self, now: u64) -> Option<ArpFrame> {
         let config = self.config;
+        if let Some(entry) = self
+            .entries
+            .iter_mut()
+            .find(|e| e.reply_due.is_some_and(|due| due <= now))
+        {
+            entry.reply_due = None;
+            let (mac, from, ip) = (entry.mac, entry.reply_from, entry.ip);
+            return Some(self.reply_frame(mac, from, mac, ip));
+        }
         let mut index = 0;
         while index < self.entries.len() {
             let entry = self.entries[index];
@@ -482,6 +562,53 @@ mod test {
         assert_eq!(client.state(0, OUR_IP), NeighborState::Reachable(OUR_MAC));
     }
 
+    /// A broadcast request (a host resolving us for the first time) gets a
+    /// broadcast reply at once and a unicast one `confirm_delay` later; a
+    /// unicast request (re-confirmation) gets one unicast reply.
+    #[test]
+    fn test_first_resolution_is_answered_twice() {
+        let (mut server, mut client) = (arp(), peer());
+        let delay = Config::default().confirm_delay;
+        let request = client.request(0, PEER_IP, OUR_IP).unwrap();
+        let first = server.process(0, &request).unwrap();
+        assert_eq!(
+            &first[..6],
+            &EthernetAddress::BROADCAST.0,
+            "broadcast first"
+        );
+        assert_eq!(
+            &first[32..38],
+            &PEER_MAC.0,
+            "target hardware address: the requester"
+        );
+        assert_eq!(&first[38..42], &PEER_IP.octets());
+        assert_eq!(server.poll(delay - 1), None);
+        assert_eq!(server.poll_at(), Some(delay));
+        let second = server.poll(delay).unwrap();
+        assert_eq!(&second[..6], &PEER_MAC.0, "unicast second");
+        assert_eq!(&second[6..12], &OUR_MAC.0);
+        assert_eq!(&second[20..22], &[0, 2], "a reply");
+        assert_eq!(&second[22..28], &OUR_MAC.0);
+        assert_eq!(&second[28..32], &OUR_IP.octets());
+        assert_eq!(&second[32..42], &first[32..42]);
+        assert_eq!(server.poll(delay), None, "only once");
+        // Both replies teach the requester the same MAC.
+        assert_eq!(client.process(0, &first), None);
+        assert_eq!(client.state(0, OUR_IP), NeighborState::Reachable(OUR_MAC));
+        assert_eq!(client.process(delay, &second), None);
+        assert_eq!(
+            client.state(delay, OUR_IP),
+            NeighborState::Reachable(OUR_MAC)
+        );
+        // A unicast request (the requester re-confirming) gets one unicast reply.
+        let mut probe = request;
+        probe[..6].copy_from_slice(&OUR_MAC.0);
+        let reply = server.process(2 * delay, &probe).unwrap();
+        assert_eq!(&reply[..6], &PEER_MAC.0);
+        assert_ne!(server.poll_at(), Some(3 * delay));
+        assert_eq!(server.poll(3 * delay), None);
+    }
+
     #[test]
     fn test_retries_then_failed_then_forgotten() {
         let mut client = peer();
@@ -504,6 +631,9 @@ mod test {
         let request = client.request(0, PEER_IP, OUR_IP).unwrap();
         let reply = server.process(0, &request).unwrap();
         client.process(0, &reply);
+        // The unicast second answer to the broadcast request.
+        let confirm = server.poll(Config::default().confirm_delay).unwrap();
+        client.process(Config::default().confirm_delay, &confirm);
         assert_eq!(client.lookup(S, OUR_IP), Some(OUR_MAC));
         let at = client.poll_at().unwrap();
         let probe = client.poll(at).unwrap();

@@ -1,5 +1,8 @@
 //! `roce::arp` against the ARP frames of the Linux captures: our requests, replies
-//! and re-confirmation probes equal the Linux ones byte for byte.
+//! and re-confirmation probes equal the Linux ones byte for byte. The one
+//! deliberate difference: a broadcast who-has is answered first by a broadcast
+//! reply (otherwise Linux's bytes), then by Linux's unicast reply exactly
+//! (`roce::arp`, "Answering a first resolution twice").
 
 mod common;
 
@@ -30,7 +33,20 @@ fn who_has_and_reply_equal_linux() {
         assert_eq!(&request[..], frames[0], "{name} frame 1");
 
         let mut server = host(SERVER_MAC, SERVER_IP);
-        let reply = server.process(0, frames[0]).unwrap();
+        let first = server.process(0, frames[0]).unwrap();
+        assert_eq!(
+            &first[..6],
+            &EthernetAddress::BROADCAST.0,
+            "{name}: broadcast first"
+        );
+        assert_eq!(
+            &first[6..],
+            &frames[1][6..],
+            "{name} frame 2 but for the destination"
+        );
+        let delay = Config::default().confirm_delay;
+        assert_eq!(server.poll_at(), Some(delay));
+        let reply = server.poll(delay).unwrap();
         assert_eq!(&reply[..], frames[1], "{name} frame 2");
         assert_eq!(server.lookup(0, CLIENT_IP), Some(CLIENT_MAC));
 
@@ -47,6 +63,11 @@ fn reconfirmation_probe_equals_linux() {
     let frames = capture.frames();
     let mut server = host(SERVER_MAC, SERVER_IP);
     server.process(0, frames[0]).unwrap();
+    let delay = Config::default().confirm_delay;
+    assert_eq!(
+        server.poll(delay).map(|reply| reply.to_vec()),
+        Some(frames[1].to_vec())
+    );
     assert_eq!(server.lookup(SECOND, CLIENT_IP), Some(CLIENT_MAC));
     let at = server.poll_at().unwrap();
     let probe = server.poll(at).unwrap();
@@ -74,7 +95,9 @@ fn second_path_interface() {
     let frames = capture.frames();
     let server_mac = EthernetAddress([0x52, 0x54, 0x00, 0x78, 0x00, 0x01]);
     let mut server = host(server_mac, Ipv4Address::new(10, 78, 0, 1));
-    let reply = server.process(0, frames[22]).unwrap();
+    let first = server.process(0, frames[22]).unwrap();
+    assert_eq!(&first[6..], &frames[23][6..]);
+    let reply = server.poll(Config::default().confirm_delay).unwrap();
     assert_eq!(&reply[..], frames[23]);
     // The first path's who-has is not for this interface's MAC/IP: no reply.
     assert_eq!(server.process(0, frames[0]), None);

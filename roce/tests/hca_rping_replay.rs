@@ -111,6 +111,11 @@ fn compare(index: usize, brick: &[u8], captured: &[u8], choices: &Choices) {
             *m = true;
         }
     };
+    if captured.get(12..14) == Some(&[0x08, 0x06]) && brick[..6] == [0xff; 6] {
+        // The first answer to a broadcast who-has is broadcast (roce::arp,
+        // "Answering a first resolution twice"); the rest is Linux's reply.
+        mask(0..6);
+    }
     if captured.get(12..14) == Some(&[0x08, 0x00]) {
         mask(18..20); // IP identification: free
         mask(24..26); // IP header checksum: follows
@@ -159,6 +164,7 @@ fn brick_rping_server_matches_linux_server() {
     let mut choices = Choices::default();
     let mut now = 1_000_000_000u64;
     let mut status = Status::Running;
+    let mut confirmations = 0;
     for frame in frames.iter().filter(|f| !from_server(f) && !is_icmp(f)) {
         now += 100_000;
         let frame = rewrite(frame, &choices);
@@ -187,10 +193,33 @@ fn brick_rping_server_matches_linux_server() {
                         choices.psn = read_u24(&body[20..23]);
                     }
                 }
+                // The unicast second answer to the who-has (roce::arp): not
+                // in the capture, counted apart.
+                if f.get(12..14) == Some(&[0x08, 0x06]) && f[..6] == CLIENT_MAC {
+                    confirmations += 1;
+                    continue;
+                }
                 emitted.push(f);
             }
         }
     }
+    // The replay took less than the ARP confirm delay: the unicast second
+    // answer comes once the clock passes it, and nothing else does.
+    let mut late: Vec<Vec<u8>> = Vec::new();
+    hca.poll(now + 100_000_000, &mut |h: &[u8], p: &[&[u8]], t: &[u8]| {
+        let mut f = h.to_vec();
+        p.iter().for_each(|piece| f.extend_from_slice(piece));
+        f.extend_from_slice(t);
+        late.push(f);
+    });
+    confirmations += late
+        .iter()
+        .filter(|f| f.get(12..14) == Some(&[0x08, 0x06]) && f[..6] == CLIENT_MAC)
+        .count();
+    assert_eq!(
+        confirmations, 1,
+        "one unicast ARP reply after the broadcast one"
+    );
     assert_eq!(
         status,
         Status::Done(3),
@@ -333,6 +362,11 @@ fn compare_client(index: usize, brick: &[u8], captured: &[u8], choices: &ClientC
             *m = true;
         }
     };
+    if captured.get(12..14) == Some(&[0x08, 0x06]) && brick[..6] == [0xff; 6] {
+        // The first answer to a broadcast who-has is broadcast (roce::arp,
+        // "Answering a first resolution twice"); the rest is Linux's reply.
+        mask(0..6);
+    }
     if captured.get(12..14) == Some(&[0x08, 0x00]) {
         mask(18..20); // IP identification: free
         mask(24..26); // IP header checksum: follows
