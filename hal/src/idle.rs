@@ -1,7 +1,7 @@
 //! Halting when there is no work: `Idle`.
 //!
 //! The run loop spins while it has work and otherwise idles until its next
-//! deadline or until input arrives (DESIGN.md §6): `hlt` with a timer and
+//! deadline or until input arrives (ARCHITECTURE.md §6): `hlt` with a timer and
 //! NIC wake-up in the image, ppoll(2) on the link's file descriptors hosted.
 
 /// Blocks the loop until a deadline or readiness.

@@ -1,4 +1,4 @@
-//! No allocation per IO (DESIGN.md §6): a `FileDevice` and a `RamDisk` run
+//! No allocation per IO (ARCHITECTURE.md §6): a `FileDevice` and a `RamDisk` run
 //! 10,000 IOs after warm-up while a counting global allocator watches every
 //! thread (the loop and the workers) and must see zero allocations.
 //!

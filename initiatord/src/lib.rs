@@ -28,8 +28,7 @@
 //! TCP). `examples/initiator.toml` is a commented config;
 //! `brick-initiatord.service` the systemd unit.
 //!
-//! No unsafe code here; the binary's signal handlers are the only unsafe
-//! (module `signals` of `src/main.rs`).
+//! No unsafe code here; the signal handlers are `hal::hosted::signals`.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]

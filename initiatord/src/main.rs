@@ -25,7 +25,7 @@
 //! and handles the kernel volumes only; with nothing but NBD exports
 //! configured it exits 1.
 //!
-//! Unsafe lives in: `signals` (installing the handlers with `sigaction`).
+//! No unsafe here: the signal handlers are `hal::hosted::signals`.
 
 #![deny(unsafe_code)]
 

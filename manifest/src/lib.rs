@@ -1,6 +1,6 @@
 //! The boot manifest: typed config, TOML compiler and no_std binary reader.
 //!
-//! Brick is configured by one manifest (DESIGN.md §1, STYLE.md §10): target
+//! Brick is configured by one manifest (ARCHITECTURE.md §1, STYLE.md §10): target
 //! identity, network interfaces, volumes and how a client's `device_path`
 //! maps to them, the access list, limits and the `always_invalidate` switch.
 //! It is written as TOML on a workstation, compiled and checked once, and

@@ -11,7 +11,7 @@ use core::net::Ipv4Addr;
 
 /// Longest volume, interface or target name, in bytes.
 pub const MAX_NAME_LEN: usize = 64;
-/// Longest session name or pattern, in bytes (rnbd.md §7: keep it ≤ 254).
+/// Longest session name or pattern, in bytes (rnbd.md §5.1: keep it ≤ 254).
 pub const MAX_SESSION_PATTERN_LEN: usize = 254;
 /// Longest `device_path`, in bytes (rnbd.md §2.4: the client keeps ≤ 254).
 pub const MAX_DEVICE_PATH_LEN: usize = 254;

@@ -49,8 +49,8 @@ wait_for() {
     done
 }
 
-# Waits until a peer answers ICMP echo or ARP (up to 10 s); Brick's
-# target answers ARP but not ICMP.
+# Waits until a peer answers ICMP echo or ARP (up to 10 s). The cases do
+# not call it before mapping: a first map must work with no earlier traffic.
 wait_peer() {
     dev=$(ip route get "$1" 2>/dev/null | sed -n 's/.* dev \([^ ]*\).*/\1/p')
     n=0

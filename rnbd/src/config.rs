@@ -1,6 +1,6 @@
 //! Compile-time capacities of the RNBD server.
 //!
-//! Every table the server keeps is fixed-size (STYLE.md §10, DESIGN.md §6):
+//! Every table the server keeps is fixed-size (STYLE.md §10, ARCHITECTURE.md §6):
 //! nothing is allocated after construction. Each constant says what it
 //! bounds; rnbd.md §8.3 #39 asks for the per-session device cap.
 

@@ -1,6 +1,6 @@
 //! UDP mode: the HCA's packets as UDP payloads, ICRC over a pseudo-header.
 //!
-//! DESIGN.md §5: a hosted Brick may reach its peers through a host UDP socket
+//! ARCHITECTURE.md §5: a hosted Brick may reach its peers through a host UDP socket
 //! bound to `ADDR:4791` (`hal::hosted::udp::UdpNic`, link spec `udp:ADDR`).
 //! The kernel then does ARP, IPv4 and UDP; Brick exchanges only the IB part
 //! of each RoCEv2 packet — BTH, extended headers, payload, pad, ICRC — with

@@ -1,5 +1,5 @@
 //! No allocation on the client's data path after `Client::new` (STYLE.md,
-//! DESIGN.md §6): a counting global allocator sees no client allocation
+//! ARCHITECTURE.md §6): a counting global allocator sees no client allocation
 //! while requests are submitted, laid out, answered (both invalidate modes),
 //! heartbeats run, a path fails over and reconnects. Allocations inside the
 //! loopback provider (`InProvider`) and in the test harness are not counted.

@@ -1,4 +1,4 @@
-//! No allocation on the data path after warm-up (DESIGN.md §6): a counting
+//! No allocation on the data path after warm-up (ARCHITECTURE.md §6): a counting
 //! global allocator sees no server allocation while requests are received,
 //! dispatched, answered (both invalidate modes) and heartbeats run.
 //! Allocations made inside the mock provider are not counted (`InProvider`).

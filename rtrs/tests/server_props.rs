@@ -1,6 +1,6 @@
 //! Property test: arbitrary immediates, chunk contents, answers and
 //! disconnects never panic the server, and teardown always returns every
-//! table entry and buffer (rnbd.md §8.2, DESIGN.md §8).
+//! table entry and buffer (rnbd.md §8.2, ARCHITECTURE.md §8).
 
 mod server_support;
 

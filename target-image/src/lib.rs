@@ -1,6 +1,6 @@
 //! The Brick board: the target engine built from a boot manifest.
 //!
-//! [`Engine`] owns everything the target serves with (DESIGN.md §2, §3):
+//! [`Engine`] owns everything the target serves with (ARCHITECTURE.md §2, §3):
 //! one software HCA ([`roce::hca::Hca`]) per manifest interface, one RTRS
 //! server ([`rtrs::server::Server`]) over all of them (its ports, so a
 //! multipath client's paths over several interfaces are one session), one

@@ -3,7 +3,7 @@
 //! RTRS and the userspace initiator program against this crate, not against
 //! the software HCA (`roce`), so an rdma-sys provider (libibverbs +
 //! librdmacm, a real HCA or Linux rxe) can implement the same traits later
-//! (DESIGN.md §4). The vocabulary is verbs': memory regions with lkeys and
+//! (ARCHITECTURE.md §4). The vocabulary is verbs': memory regions with lkeys and
 //! rkeys, send and receive work requests, work completions with immediate
 //! data and statuses, connection events with private data. What RTRS needs
 //! of it is listed in `docs/protocol/rtrs.md` §1.

@@ -13,8 +13,16 @@
 //! cases boot a new client VM for every map, so each map meets an empty
 //! neighbour table and untranslated kernel code, as a user's first map
 //! does.
+//!
+//! The Brick targets answer a first resolution twice (`roce::arp`), so the
+//! second answer wakes the client's queued resolution: every first map must
+//! take well under [`LIMIT`]. Against the Linux reference target the same
+//! cases run as the peer and only report: a warm Linux target answers ARP
+//! fast enough to hit the client's race too (seen here: 1 of 10 and 1 of 2
+//! first maps hung), and that is Linux's behaviour to show, not a Brick
+//! failure.
 
-use crate::target::Bed;
+use crate::target::{Bed, TargetKind};
 use crate::util::step;
 use anyhow::{bail, Context, Result};
 use std::time::Duration;
@@ -24,9 +32,12 @@ use std::time::Duration;
 /// neighbour update.
 const LIMIT: Duration = Duration::from_secs(10);
 
-/// How long the guest script may take (a failed map returns after rtrs's
-/// connect timeouts, 30 s per connection).
-const SCRIPT_TIMEOUT: Duration = Duration::from_secs(240);
+/// How long a map may block before the run counts as hung (rtrs gives up
+/// a connection after 30 s; the map's write may block for several).
+const GIVE_UP: Duration = Duration::from_secs(45);
+
+/// How long the guest script may take.
+const SCRIPT_TIMEOUT: Duration = Duration::from_secs(90);
 
 /// Smoke: two fresh clients map volume 0 on every path (`BRICK_FIRST_MAPS`
 /// sets another count, for both cases).
@@ -98,7 +109,14 @@ fn repeated(bed: &mut Bed, runs: usize) -> Result<()> {
         bad.len(),
         LIMIT.as_secs()
     ));
-    if !bad.is_empty() {
+    if !bad.is_empty() && bed.kind == TargetKind::LinuxReference {
+        step(format!(
+            "linux-ref is the peer here, not asserted: {} of {runs} first maps hung on the \
+             client's missed neighbour update ({})",
+            bad.len(),
+            bad.join("; ")
+        ));
+    } else if !bad.is_empty() {
         bail!(
             "{} of {runs} first maps failed or took {} s or more (expected each to map in about a second): {}",
             bad.len(),
@@ -128,7 +146,7 @@ impl Map {
 /// Maps volume 0 on every path once, timing the `map_device` write (it
 /// returns once RTRS has connected every path and RNBD opened the device),
 /// checks the device, unmaps it. Each run has a session name of its own:
-/// the previous client's session (its VM killed, never closed) lingers on
+/// a client killed with its map pending never closes its session, which lingers on
 /// the target until its heartbeats time out.
 fn map_once(bed: &mut Bed, run: usize) -> Result<Map> {
     let volume = &bed.target.descriptor.volumes[0];
@@ -144,12 +162,14 @@ fn map_once(bed: &mut Bed, run: usize) -> Result<Map> {
     );
     let script = format!(
         "modprobe rnbd-client || die 'modprobe rnbd-client'\n\
+         rm -f /tmp/first-map\n\
          t0=$(cut -d' ' -f1 /proc/uptime)\n\
-         if ! echo '{line}' > $rnbd_ctl/map_device; then\n\
-         echo \"first-map-refused $t0 $(cut -d' ' -f1 /proc/uptime)\"\n\
-         dmesg | grep -E 'rtrs|rnbd' | grep -v tainting | tail -2 | tr '\\n' ' '\n\
-         exit 0\nfi\n\
-         echo \"first-map $t0 $(cut -d' ' -f1 /proc/uptime)\"\n\
+         ( if echo '{line}' > $rnbd_ctl/map_device; then r=ok; else r=refused; fi; echo \"$r $t0 $(cut -d' ' -f1 /proc/uptime)\" > /tmp/first-map ) &\n\
+         n=0; while [ ! -s /tmp/first-map ]; do n=$((n + 1)); [ $n -ge {polls} ] && break; sleep 0.1; done\n\
+         if [ ! -s /tmp/first-map ]; then echo \"first-map-refused $t0 $(cut -d' ' -f1 /proc/uptime)\"; echo 'map_device still blocked'; exit 0; fi\n\
+         read r a b < /tmp/first-map\n\
+         if [ $r != ok ]; then echo \"first-map-refused $a $b\"; dmesg | grep -E 'rtrs|rnbd' | grep -v tainting | tail -2 | tr '\\n' ' '; echo; exit 0; fi\n\
+         echo \"first-map $a $b\"\n\
          n=0; until ls /sys/block | grep -q '^rnbd'; do n=$((n + 1)); [ $n -ge 50 ] && die 'no rnbd device'; sleep 0.1; done\n\
          d=$(ls /sys/block | grep '^rnbd' | head -1)\n\
          [ \"$(dev_bytes $d)\" = {bytes} ] || die \"size of $d is $(dev_bytes $d), expected {bytes}\"\n\
@@ -157,6 +177,7 @@ fn map_once(bed: &mut Bed, run: usize) -> Result<Map> {
          unmap $d\n",
         bytes = volume.bytes,
         count = bed.relays.len(),
+        polls = GIVE_UP.as_millis() / 100,
     );
     let output = bed.initiator.run(&script, SCRIPT_TIMEOUT)?;
     let uptimes = |rest: &str| -> Result<f64> {

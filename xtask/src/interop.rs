@@ -220,7 +220,7 @@ fn linux_client_brick_server(tools: &Tools, socket: &Path, dir: &Path, vm: &mut 
     )?;
     let output = vm.run(
         &format!(
-            "modprobe rdma_ucm\nwait_peer {BRICK_IP}\n\
+            "modprobe rdma_ucm\n\
              rping -c -a {BRICK_IP} -v -V -C 3 -S 3000 || die \"rping client failed\"\n"
         ),
         Duration::from_secs(120),

@@ -943,6 +943,8 @@ pub struct Bed {
     pub probe: Option<Relay>,
     /// The target.
     pub target: Target,
+    /// What kind of target it is.
+    pub kind: TargetKind,
     /// The Linux initiator VM.
     pub initiator: Vm,
     /// How the initiator VM was booted (for [`Bed::reboot_initiator`]).
@@ -1065,6 +1067,7 @@ impl Bed {
             relays,
             probe,
             target,
+            kind: config.kind,
             initiator,
             initiator_config,
             mtu: config.mtu,

@@ -1,6 +1,6 @@
 //! Asynchronous block devices as the engine sees them: `BlockDevice`.
 //!
-//! A volume is a submit/poll device (DESIGN.md §6): the engine
+//! A volume is a submit/poll device (ARCHITECTURE.md §6): the engine
 //! [`submit`](BlockDevice::submit)s a [`Request`] and later collects its
 //! [`Completion`] from [`poll`](BlockDevice::poll); nothing ever blocks the
 //! loop. RAM ([`ram::RamDisk`]), hosted files and block devices

@@ -3,7 +3,7 @@
 //! The file (or `/dev/...` block device) is opened `O_RDWR` (optionally
 //! `O_DIRECT`) and served by a small, fixed pool of worker threads created
 //! at [`open`](FileDevice::open), so a slow read or an fdatasync never
-//! stalls the loop (DESIGN.md §6). Everything a request needs is allocated
+//! stalls the loop (ARCHITECTURE.md §6). Everything a request needs is allocated
 //! at open, so `submit` and `poll` never allocate:
 //!
 //! * `queue_depth` **slots**, each with a bounce buffer of `max_transfer`

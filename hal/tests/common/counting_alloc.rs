@@ -1,4 +1,4 @@
-//! A counting global allocator for the no-allocation tests (DESIGN.md §6):
+//! A counting global allocator for the no-allocation tests (ARCHITECTURE.md §6):
 //! allocations are counted in [`COUNT`] while [`ARMED`] is set, on every
 //! thread. Each test binary that includes this module installs it.
 

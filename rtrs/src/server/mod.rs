@@ -1,6 +1,6 @@
 //! The RTRS server: sessions of paths of connections, chunks, IO dispatch.
 //!
-//! Sans-IO over the fabric seam ([`verbs::Verbs`], DESIGN.md §4): the owner
+//! Sans-IO over the fabric seam ([`verbs::Verbs`], ARCHITECTURE.md §4): the owner
 //! of the run loop calls [`Server::poll`] with the time, reads
 //! [`Server::next_event`] and answers every [`Event::Io`] with
 //! [`Server::complete_io`]. Behaviour follows `docs/protocol/rtrs.md`: §2

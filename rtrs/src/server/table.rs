@@ -2,7 +2,7 @@
 //!
 //! Every `Vec` here gets its capacity in `Server::new` and is only cleared
 //! and refilled within it later, so nothing allocates after construction
-//! (DESIGN.md §6). The IO state of each chunk is an enum whose variants
+//! (ARCHITECTURE.md §6). The IO state of each chunk is an enum whose variants
 //! carry what is valid while the request waits (STYLE.md §5).
 
 extern crate alloc;

@@ -1,4 +1,4 @@
-//! A counting global allocator for the no-allocation tests (DESIGN.md §6).
+//! A counting global allocator for the no-allocation tests (ARCHITECTURE.md §6).
 //!
 //! `counting_allocator!(DEPTH)` installs it; allocations are counted in
 //! `COUNT` only inside `armed(..)` and only while the thread-local `DEPTH`

@@ -1,7 +1,7 @@
 //! The preallocated pool: one physical region for the DMA memory the
 //! virtio drivers need, sized at boot, plus the heap the engine needs.
 //!
-//! DESIGN.md §6: everything the target will ever use is allocated at boot.
+//! ARCHITECTURE.md §6: everything the target will ever use is allocated at boot.
 //! The image carves, in this order, from the free RAM below 4 GiB
 //! ([`super::memory::FreeRanges::from_memory_map`]):
 //!
