@@ -108,13 +108,16 @@ fn boot() {
     engine.receive(0, 2_000, &arp_request());
     engine.receive(0, 2_000, &echo_request());
     while engine.poll(3_000, &mut sink) {}
+    // A broadcast who-has: a broadcast reply now, a unicast one once the
+    // ARP confirm delay has passed (roce::arp).
     let arp = out
         .iter()
         .find(|(_, f)| f[12..14] == [0x08, 0x06])
         .expect("ARP reply");
-    assert_eq!(arp.1[0..6], PEER_MAC);
+    assert_eq!(arp.1[0..6], [0xff; 6]);
     assert_eq!(arp.1[20..22], [0, 2]); // reply
     assert_eq!(arp.1[22..28], OUR_MAC);
+    assert_eq!(arp.1[32..38], PEER_MAC);
     let echo = out
         .iter()
         .find(|(_, f)| f[12..14] == [0x08, 0x00] && f[23] == 1)
@@ -123,6 +126,22 @@ fn boot() {
     assert_eq!(echo.1[30..34], PEER_IP);
     assert_eq!(checksum(&echo.1[14..34]), 0);
     assert_eq!(checksum(&echo.1[34..]), 0);
+    let later = 3_000 + roce::arp::Config::default().confirm_delay;
+    assert!(engine.poll_at(3_000).is_some_and(|at| at <= later));
+    let mut later_out: Vec<Vec<u8>> = Vec::new();
+    while engine.poll(later, &mut |_: usize, h: &[u8], p: &[&[u8]], t: &[u8]| {
+        let mut f = h.to_vec();
+        p.iter().for_each(|x| f.extend_from_slice(x));
+        f.extend_from_slice(t);
+        later_out.push(f);
+    }) {}
+    let unicast = later_out
+        .iter()
+        .find(|f| f[12..14] == [0x08, 0x06])
+        .expect("unicast ARP reply");
+    assert_eq!(unicast[0..6], PEER_MAC);
+    assert_eq!(unicast[20..22], [0, 2]);
+    assert_eq!(unicast[22..28], OUR_MAC);
 
     let stats = engine.stats().to_string();
     assert!(stats.contains("interface eth0 10.77.0.1"), "{stats}");
