@@ -14,7 +14,8 @@
 //! the file/block-device volume (a worker pool).
 //! The image drivers: [`virtio`] (polled split virtqueues, virtio-net as a
 //! [`Nic`], virtio-blk as a [`BlockDevice`]) over [`dma`] memory, and
-//! [`fw_cfg`] (QEMU's firmware configuration, DMA interface). They are
+//! [`fw_cfg`] (QEMU's firmware configuration, DMA interface), and [`nvme`]
+//! (a polled NVMe controller, each namespace a [`BlockDevice`]). They are
 //! `no_std` + `alloc` (allocating at construction only) and are tested on
 //! the host against mock devices. (PVH boot, serial, PCI and TSC live in the
 //! image for now.)
@@ -26,7 +27,8 @@
 //! `BLKSSZGET`, `BLKPBSZGET`, `BLKDISCARD`, `BLKZEROOUT` through libc);
 //! [`dma`] (volatile access to device-shared memory); `virtio::transport`
 //! (virtio PCI MMIO); `virtio::net` (lending a returned RX buffer to the
-//! receive closure); `fw_cfg::port` (x86 port I/O).
+//! receive closure); `fw_cfg::port` (x86 port I/O); `nvme::regs` (NVMe
+//! BAR0 MMIO).
 //! Every block carries a `// SAFETY:` line.
 #![cfg_attr(not(any(test, feature = "std")), no_std)]
 #![deny(unsafe_code)]
@@ -41,6 +43,7 @@ pub mod dma;
 pub mod fw_cfg;
 pub mod idle;
 pub mod nic;
+pub mod nvme;
 pub mod rng;
 pub mod virtio;
 
