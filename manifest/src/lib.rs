@@ -18,6 +18,9 @@
 //!   [`binary::AccessRule`], [`types::Limits`]) that cannot fail. Its
 //!   [`binary::ReadError`] names the broken rule in one line for the serial
 //!   console (`manifest: checksum mismatch: ...`).
+//! * [`slot`] (`no_std`): the boot disk's two checksummed manifest slots
+//!   and which one is in force ([`slot::choose`]), for the image and for
+//!   `brick manifest flash|show`.
 //! * With the `std` feature: `compile` (TOML -> `Config`, every error
 //!   `file:line: field.path: message`), `build` (TOML -> blob),
 //!   `Config::to_binary`, `Config::from_manifest` and a canonical-TOML
@@ -178,6 +181,7 @@
 #![warn(missing_docs)]
 
 pub mod binary;
+pub mod slot;
 pub mod types;
 
 #[cfg(feature = "std")]
