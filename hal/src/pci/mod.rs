@@ -338,3 +338,50 @@ pub fn virtio_capabilities<C: ConfigSpace + ?Sized, const N: usize>(
     }
     found
 }
+
+/// The mechanism the image found: ECAM where ACPI names a window, else
+/// the legacy ports.
+#[derive(Debug)]
+pub enum Mechanism {
+    /// PCI Express ECAM (ACPI MCFG).
+    Ecam(Ecam),
+    /// Configuration mechanism #1.
+    #[cfg(target_arch = "x86_64")]
+    Legacy(LegacyPorts),
+}
+
+impl fmt::Display for Mechanism {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Ecam(_) => f.write_str("ECAM"),
+            #[cfg(target_arch = "x86_64")]
+            Self::Legacy(_) => f.write_str("legacy ports 0xcf8/0xcfc"),
+        }
+    }
+}
+
+impl ConfigSpace for Mechanism {
+    fn read32(&self, address: Address, offset: u16) -> u32 {
+        match self {
+            Self::Ecam(ecam) => ecam.read32(address, offset),
+            #[cfg(target_arch = "x86_64")]
+            Self::Legacy(ports) => ports.read32(address, offset),
+        }
+    }
+
+    fn write32(&self, address: Address, offset: u16, value: u32) {
+        match self {
+            Self::Ecam(ecam) => ecam.write32(address, offset, value),
+            #[cfg(target_arch = "x86_64")]
+            Self::Legacy(ports) => ports.write32(address, offset, value),
+        }
+    }
+
+    fn space_len(&self) -> u16 {
+        match self {
+            Self::Ecam(ecam) => ecam.space_len(),
+            #[cfg(target_arch = "x86_64")]
+            Self::Legacy(ports) => ports.space_len(),
+        }
+    }
+}

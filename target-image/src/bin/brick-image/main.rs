@@ -68,12 +68,9 @@ mod clock;
 #[cfg(target_os = "none")]
 mod entry;
 #[cfg(target_os = "none")]
-#[cfg(target_os = "none")]
 mod interrupts;
 #[cfg(target_os = "none")]
 mod memory;
-#[cfg(target_os = "none")]
-mod pci;
 #[cfg(target_os = "none")]
 mod port;
 #[cfg(target_os = "none")]
@@ -102,6 +99,11 @@ mod board {
     use crate::port::{exit, ExitCode};
 
     use hal::fw_cfg::{FwCfg, MANIFEST_FILE};
+    use hal::pci::{ConfigSpace, Mechanism};
+    use manifest::binary::ReadError;
+    use manifest::slot::BootMediaError;
+    use target_image::boot::acpi::{self, Mcfg};
+    use target_image::boot::pvh::PhysRead;
     /// Largest manifest read (the format's strings and tables fit easily).
     const MAX_MANIFEST: u32 = 1 << 20;
     /// Free physical ranges tracked while carving.
@@ -113,6 +115,112 @@ mod board {
     fn fail(code: ExitCode, args: core::fmt::Arguments<'_>) -> ! {
         log!("FATAL: {args}");
         exit(code)
+    }
+
+    /// Stops the boot for a manifest blob `Manifest::parse` refused: one
+    /// newer than this image understands has its own status.
+    fn refuse_blob(error: &ReadError) -> ! {
+        match error {
+            ReadError::UnsupportedVersion { found, supported } if found > supported => fail(
+                ExitCode::ManifestTooNew,
+                format_args!(
+                    "{error} (blob refused): the manifest is newer than this image understands"
+                ),
+            ),
+            _ => fail(
+                ExitCode::BadManifest,
+                format_args!("{error} (blob refused)"),
+            ),
+        }
+    }
+
+    /// The command-line word the UEFI loader passes when modules 0 and 1
+    /// are the boot disk's manifest slots A and B.
+    const SLOTS_WORD: &str = "manifest-slots";
+
+    /// The manifest from the boot disk's slots (modules 0 and 1, copied
+    /// out of the loader's memory): the slot in force, or the boot stops
+    /// with the bad medium's own message and status.
+    fn read_slots(info: &BootInfo) -> Vec<u8> {
+        let module = |index: usize| -> Option<Vec<u8>> {
+            let module = info.modules.get(index)?;
+            if module.len == 0 {
+                return None;
+            }
+            let len = usize::try_from(module.len)
+                .ok()?
+                .min(manifest::slot::SLOT_BYTES);
+            let mut bytes = vec![0u8; len];
+            Identity.read(module.start, &mut bytes).ok()?;
+            Some(bytes)
+        };
+        let (a, b) = (module(0), module(1));
+        match manifest::slot::choose(a.as_deref(), b.as_deref()) {
+            Ok(chosen) => {
+                let other = match &chosen.other {
+                    Ok(sequence) => alloc::format!("valid, older (sequence {sequence})"),
+                    Err(error) => alloc::format!("{error}"),
+                };
+                log!(
+                    "manifest: {} (sequence {}) in force, {} bytes; {}: {other}",
+                    chosen.name,
+                    chosen.sequence,
+                    chosen.blob.len(),
+                    chosen.name.other()
+                );
+                chosen.blob.to_vec()
+            }
+            Err(error @ BootMediaError::NoManifest) => {
+                fail(ExitCode::NoManifest, format_args!("{error}"))
+            }
+            Err(error @ BootMediaError::BothCorrupt { .. }) => {
+                fail(ExitCode::SlotsCorrupt, format_args!("{error}"))
+            }
+            Err(error @ BootMediaError::TooNew { .. }) => {
+                fail(ExitCode::ManifestTooNew, format_args!("{error}"))
+            }
+        }
+    }
+
+    /// PCI configuration space: ECAM from ACPI's MCFG when it names a
+    /// window the image can map, else the legacy ports.
+    fn pci_mechanism(rsdp: u64) -> Mechanism {
+        let legacy = |why: core::fmt::Arguments<'_>| {
+            log!("pci: {why}: legacy ports 0xcf8/0xcfc");
+            // SAFETY: ring 0 on a PC-compatible machine (QEMU's pc or q35,
+            // a storage node): ports 0xcf8-0xcff are the configuration
+            // mechanism, used through this value only, on the one CPU.
+            #[allow(unsafe_code)]
+            let ports = unsafe { hal::pci::LegacyPorts::new() };
+            Mechanism::Legacy(ports)
+        };
+        match acpi::find_mcfg(&Identity, rsdp) {
+            Mcfg::Found { rsdp, window } => {
+                if crate::memory::map_mmio(window.start(), window.len()).is_err() {
+                    return legacy(format_args!("MCFG window {window} cannot be mapped"));
+                }
+                // SAFETY: the MCFG window (checksummed ACPI table) is the
+                // configuration space of segment 0, mapped just now
+                // (identity); nothing else in the image drives config space.
+                #[allow(unsafe_code)]
+                let ecam = unsafe {
+                    hal::pci::Ecam::new(
+                        window.start() as usize as *mut u8,
+                        window.start_bus,
+                        window.end_bus,
+                    )
+                };
+                match ecam {
+                    Some(ecam) => {
+                        log!("pci: ECAM {window} (ACPI MCFG, RSDP at {rsdp:#x})");
+                        Mechanism::Ecam(ecam)
+                    }
+                    None => legacy(format_args!("MCFG window {window} is misaligned")),
+                }
+            }
+            Mcfg::NoMcfg { rsdp } => legacy(format_args!("no MCFG (RSDP at {rsdp:#x})")),
+            Mcfg::NoRsdp => legacy(format_args!("no ACPI RSDP")),
+        }
     }
 
     /// Carves `len` bytes or stops the boot.
@@ -256,16 +364,21 @@ mod board {
             log!("WARNING: no RDRAND: randomness is a TSC-seeded SplitMix64, NOT cryptographically strong");
         }
 
+        let pci = pci_mechanism(info.rsdp);
         let mut functions = 0;
         let mut virtio_nets = Vec::new();
         let mut virtio_blks = Vec::new();
-        crate::pci::enumerate(|function| {
+        let mut nvmes = Vec::new();
+        hal::pci::enumerate(&pci, |function| {
             functions += 1;
             if crate::serve::is_virtio_net(function) {
                 virtio_nets.push(*function);
             }
             if crate::serve::is_virtio_blk(function) {
                 virtio_blks.push(*function);
+            }
+            if crate::serve::is_nvme(function) {
+                nvmes.push(*function);
             }
             log!(
                 "pci {} {:04x}:{:04x} class {:02x}{:02x}{:02x}",
@@ -283,25 +396,39 @@ mod board {
             }
         });
         log!(
-            "pci: {functions} functions, {} virtio-net, {} virtio-blk",
+            "pci: {functions} functions ({}), {} virtio-net, {} virtio-blk, {} NVMe",
+            pci,
             virtio_nets.len(),
-            virtio_blks.len()
+            virtio_blks.len(),
+            nvmes.len()
         );
+        let _ = pci.space_len();
 
-        // With a manifest: the blob and the pool's ring part (for the NICs).
-        let served = match read_manifest(&mut free) {
-            None => {
-                log!("manifest: no fw_cfg file {MANIFEST_FILE}: nothing to serve");
-                None
+        // The manifest: from the boot disk's slots (UEFI loader), else from
+        // fw_cfg (QEMU -kernel).
+        let from_disk = info
+            .cmdline
+            .split_whitespace()
+            .any(|word| word == SLOTS_WORD);
+        let blob = if from_disk {
+            Some(read_slots(&info))
+        } else {
+            let blob = read_manifest(&mut free);
+            match &blob {
+                None => log!("manifest: no fw_cfg file {MANIFEST_FILE}: nothing to serve"),
+                Some(blob) => {
+                    log!("manifest: {} bytes from fw_cfg {MANIFEST_FILE}", blob.len())
+                }
             }
+            blob
+        };
+        // With a manifest: the blob and the pool's ring part (for the NICs).
+        let served = match blob {
+            None => None,
             Some(blob) => {
-                log!("manifest: {} bytes from fw_cfg {MANIFEST_FILE}", blob.len());
                 let manifest = match Manifest::parse(&blob) {
                     Ok(manifest) => manifest,
-                    Err(error) => fail(
-                        ExitCode::BadManifest,
-                        format_args!("{error} (blob refused)"),
-                    ),
+                    Err(error) => refuse_blob(&error),
                 };
                 report(&manifest);
                 let plan = PoolPlan::for_manifest(&manifest);
@@ -452,7 +579,14 @@ mod board {
                 // manifest (`run-image --disk` without `--nic`).
                 if let Ok(manifest) = Manifest::parse(&blob) {
                     let mut pool = crate::serve::dma_pool(rings);
-                    crate::serve::choose_disks(&virtio_blks, &manifest, &mut pool, &clock);
+                    crate::serve::choose_disks(
+                        &pci,
+                        &virtio_blks,
+                        &nvmes,
+                        &manifest,
+                        &mut pool,
+                        &clock,
+                    );
                 }
             } else {
                 crate::serve::on_stack(stack, move || {
@@ -462,10 +596,16 @@ mod board {
                     };
                     crate::serve::check_volume_kinds(&manifest);
                     let mut pool = crate::serve::dma_pool(rings);
-                    let disks =
-                        crate::serve::choose_disks(&virtio_blks, &manifest, &mut pool, &clock);
-                    let nics = crate::serve::open_nics(&virtio_nets, &manifest, &mut pool);
-                    crate::serve::serve(manifest, nics, disks, pool, clock)
+                    let disks = crate::serve::choose_disks(
+                        &pci,
+                        &virtio_blks,
+                        &nvmes,
+                        &manifest,
+                        &mut pool,
+                        &clock,
+                    );
+                    let nics = crate::serve::open_nics(&pci, &virtio_nets, &manifest, &mut pool);
+                    crate::serve::serve(&pci, manifest, nics, disks, pool, clock)
                 });
             }
         }

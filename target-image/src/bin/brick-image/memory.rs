@@ -192,3 +192,17 @@ pub static HEAP: Heap = Heap {
         pristine: FreeRanges::new(),
     }),
 };
+
+/// Makes `[start, start + len)` of device memory reachable at the same
+/// virtual address. Today that is the identity map of the first 4 GiB;
+/// ranges above it are refused.
+///
+/// # Errors
+///
+/// A range that ends above [`IDENTITY_LIMIT`] (or overflows).
+pub fn map_mmio(start: u64, len: u64) -> Result<(), &'static str> {
+    match start.checked_add(len) {
+        Some(end) if end <= IDENTITY_LIMIT => Ok(()),
+        _ => Err("above the 4 GiB identity map"),
+    }
+}
