@@ -72,6 +72,8 @@ mod interrupts;
 #[cfg(target_os = "none")]
 mod memory;
 #[cfg(target_os = "none")]
+mod paging;
+#[cfg(target_os = "none")]
 mod port;
 #[cfg(target_os = "none")]
 mod rng;

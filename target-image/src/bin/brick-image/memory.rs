@@ -194,15 +194,12 @@ pub static HEAP: Heap = Heap {
 };
 
 /// Makes `[start, start + len)` of device memory reachable at the same
-/// virtual address. Today that is the identity map of the first 4 GiB;
-/// ranges above it are refused.
+/// virtual address: the boot identity map below 4 GiB, new uncached
+/// mappings above it ([`crate::paging::map_mmio`]).
 ///
 /// # Errors
 ///
-/// A range that ends above [`IDENTITY_LIMIT`] (or overflows).
-pub fn map_mmio(start: u64, len: u64) -> Result<(), &'static str> {
-    match start.checked_add(len) {
-        Some(end) if end <= IDENTITY_LIMIT => Ok(()),
-        _ => Err("above the 4 GiB identity map"),
-    }
+/// Why the range cannot be mapped.
+pub fn map_mmio(start: u64, len: u64) -> Result<(), crate::paging::MapError> {
+    crate::paging::map_mmio(start, len)
 }
