@@ -160,11 +160,14 @@ fn nic_args(index: usize, socket: &Path, mac: [u8; 6]) -> Result<[String; 4]> {
 fn verdict(status: i32) -> &'static str {
     match status {
         33 => "boot checks passed",
-        35 => "panic or CPU exception in the image",
+        35 => "panic or CPU exception in the image (or the UEFI loader failed)",
         37 => "the image refused the manifest",
         39 => "the manifest does not fit in the guest's memory",
         41 => "a manifest interface has no usable virtio-net device",
         43 => "the manifest asks for a volume kind the image does not serve",
+        45 => "the boot disk has no manifest in either slot",
+        47 => "both manifest slots of the boot disk are corrupt",
+        49 => "the manifest is newer than the image understands",
         _ => "QEMU failed or was stopped",
     }
 }
@@ -781,7 +784,9 @@ const BOOT_CASE_TIMEOUT: Duration = Duration::from_secs(60);
 /// image, then boots it once per [`BOOT_CASES`] entry, printing one line
 /// per case (`image boot_checks ... ok (0.6 s)`).
 pub fn suite(filter: Option<&str>, failures: &mut Vec<String>) -> crate::suite::Counts {
-    let mut counts = crate::suite::Counts::default();
+    // The disk boots under UEFI (OVMF, q35, NVMe) first: the loader, the
+    // slots and the bad media (`uefi::suite`).
+    let mut counts = crate::uefi::suite(filter, failures);
     let selected =
         |case: &BootCase| filter.is_none_or(|f| format!("image {}", case.name).contains(f));
     if !BOOT_CASES.iter().any(selected) {
@@ -917,7 +922,7 @@ impl std::fmt::Display for Outcome {
 /// Runs the QEMU `command` (program first) to its end or `timeout`,
 /// capturing the console; `None` as the status on timeout, or as soon as
 /// the console shows `stop_at` (QEMU is killed then).
-fn boot_captured(
+pub fn boot_captured(
     command: &[String],
     timeout: Duration,
     stop_at: Option<&str>,

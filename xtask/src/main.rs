@@ -19,6 +19,7 @@ mod relay;
 mod setup;
 mod suite;
 mod target;
+mod uefi;
 mod util;
 mod vmimage;
 

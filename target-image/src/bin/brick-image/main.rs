@@ -555,8 +555,25 @@ mod board {
 
         let now = clock.now();
         let since_reset = clock.ticks_to_ns(crate::clock::rdtsc());
+        // The UEFI loader passes the TSC at its start: firmware time is
+        // reset to loader, loader time loader to image entry.
+        let loader_tsc = info.cmdline.split_whitespace().find_map(|word| {
+            word.strip_prefix("loader-tsc=")
+                .and_then(|n| n.parse::<u64>().ok())
+        });
+        let phases = match loader_tsc {
+            Some(tsc) if tsc <= crate::entry::boot_tsc() => crate::serve::BootPhases {
+                firmware_ns: Some(clock.ticks_to_ns(tsc)),
+                loader_ns: Some(clock.ticks_to_ns(crate::entry::boot_tsc() - tsc)),
+            },
+            _ => crate::serve::BootPhases {
+                firmware_ns: Some(clock.ticks_to_ns(crate::entry::boot_tsc())),
+                loader_ns: None,
+            },
+        };
+        crate::serve::BOOT_PHASES.call_once(|| phases);
         log!(
-            "boot: {} us in the image, {} us since reset (TSC)",
+            "boot: {} us in the image, {} us since reset (TSC); {phases}",
             now / 1000,
             since_reset / 1000
         );

@@ -821,6 +821,39 @@ fn open_disk(
     Ok(Either::Left(disk))
 }
 
+/// Where the time before the image went (for the boot log).
+#[derive(Clone, Copy, Debug)]
+pub struct BootPhases {
+    /// Reset to the loader's start (UEFI) or to the image's entry (PVH).
+    pub firmware_ns: Option<u64>,
+    /// The UEFI loader's start to the image's entry.
+    pub loader_ns: Option<u64>,
+}
+
+impl fmt::Display for BootPhases {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let ms = |ns: u64| (ns / 1_000_000, ns / 1000 % 1000);
+        match (self.firmware_ns, self.loader_ns) {
+            (Some(firmware), Some(loader)) => {
+                let (a, b) = ms(firmware);
+                let (c, d) = ms(loader);
+                write!(
+                    f,
+                    "firmware {a}.{b:03} ms, loader {c}.{d:03} ms before the image"
+                )
+            }
+            (Some(firmware), None) => {
+                let (a, b) = ms(firmware);
+                write!(f, "firmware and loader {a}.{b:03} ms before the image")
+            }
+            _ => f.write_str("firmware time unknown"),
+        }
+    }
+}
+
+/// The boot phases, set once by `main`.
+pub static BOOT_PHASES: spin::Once<BootPhases> = spin::Once::new();
+
 /// Keys for the engine's memory registrations.
 struct Keys(crate::rng::Source);
 
@@ -925,6 +958,14 @@ pub fn serve(
         target.port,
         nics.len()
     );
+    if let Some(phases) = BOOT_PHASES.get() {
+        let before = phases.firmware_ns.unwrap_or(0) + phases.loader_ns.unwrap_or(0);
+        log!(
+            "boot to serving: {} ms ({phases}, image {} ms)",
+            (before + started) / 1_000_000,
+            started / 1_000_000
+        );
+    }
     let mut idle = PitIdle::new(clock);
     let mut last_busy = started;
     let mut next_stats = started + STATS_EVERY_NS;
