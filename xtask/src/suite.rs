@@ -133,6 +133,7 @@ fn target_kinds() -> Vec<TargetKind> {
         TargetKind::LinuxReference,
         TargetKind::BrickHosted,
         TargetKind::BrickImage,
+        TargetKind::BrickUefi,
     ]
 }
 
@@ -281,7 +282,12 @@ pub fn run(args: TestArgs) -> Result<()> {
 /// The bare-metal image's boot checks (`image::suite`): no Linux VMs, a
 /// few seconds of QEMU each; runs unless `--target` leaves out brick-image.
 fn image_suite(tally: &mut Tally, args: &TestArgs) {
-    if !(args.targets.is_empty() || args.targets.iter().any(|t| t == "brick-image")) {
+    if !(args.targets.is_empty()
+        || args
+            .targets
+            .iter()
+            .any(|t| t == "brick-image" || t == "brick-uefi"))
+    {
         return;
     }
     let start = Instant::now();
