@@ -302,20 +302,22 @@ pub fn guest_mib(blob: &[u8]) -> u64 {
     // Each virtio-blk volume adds its rings and 32 bounce slots of one
     // chunk to the pool (target-image `virtio_blk_config(..).dma_bytes()`,
     // rounded up here).
-    let count = |kind| manifest.volumes().filter(|v| v.backing.kind() == kind).count() as u64;
+    let count = |kind| {
+        manifest
+            .volumes()
+            .filter(|v| v.backing.kind() == kind)
+            .count() as u64
+    };
     let disks = count(manifest::VolumeKind::VirtioBlk);
     let disk_dma = 32 * u64::from(limits.chunk_size).next_multiple_of(4096) + 16 * 1024;
     // Each NVMe volume: the same 32 bounce slots, a PRP list page per
     // slot, its queues and its controller's admin queues (target-image
     // `nvme_queue_config(..).dma_bytes()` + `NVME_CONTROLLER_BYTES`).
     let namespaces = count(manifest::VolumeKind::Nvme);
-    let namespace_dma = 32 * u64::from(limits.chunk_size).next_multiple_of(4096)
-        + 32 * 4096
-        + 6 * 4096
-        + 32 * 1024;
-    let pool = (16 * MIB + disks * disk_dma + namespaces * namespace_dma).div_ceil(2 * MIB)
-        * 2
-        * MIB;
+    let namespace_dma =
+        32 * u64::from(limits.chunk_size).next_multiple_of(4096) + 32 * 4096 + 6 * 4096 + 32 * 1024;
+    let pool =
+        (16 * MIB + disks * disk_dma + namespaces * namespace_dma).div_ceil(2 * MIB) * 2 * MIB;
     let per_path =
         u64::from(limits.queue_depth.max(2)) * (u64::from(limits.chunk_size) + 64) + (1 << 16);
     let path_pools =

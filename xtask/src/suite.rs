@@ -355,6 +355,21 @@ fn lint() -> Result<()> {
     ]);
     image.args(["--", "-D", "warnings"]);
     crate::util::run(&mut image).context("cargo clippy for the image target")?;
+    // The UEFI loader as the firmware runs it (its `cfg(target_os =
+    // "uefi")` code: boot services, the jump into the image).
+    crate::uefi::ensure_target()?;
+    crate::util::run(cargo().args([
+        "clippy",
+        "--release",
+        "--target",
+        crate::uefi::TARGET,
+        "-p",
+        "brick-loader",
+        "--",
+        "-D",
+        "warnings",
+    ]))
+    .context("cargo clippy for the UEFI loader")?;
     Ok(())
 }
 

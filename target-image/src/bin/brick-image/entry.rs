@@ -30,9 +30,6 @@
 
 #![allow(unsafe_code)]
 
-/// Code segment selector of the boot GDT (used by the IDT's gates).
-pub const CODE_SELECTOR: u16 = 0x08;
-
 /// Bytes of the boot stack.
 pub const STACK_BYTES: usize = 256 * 1024;
 

@@ -32,12 +32,18 @@
 //! host this binary is only a stub that says so (it exists so that
 //! `--all-features` builds of the workspace pass).
 //!
-//! Unsafe lives in: `entry` (PVH entry, page tables, GDT), `port` (port
-//! I/O, isa-debug-exit), `serial`, `sync` (the spin lock), `memory` (boot
-//! reads, the global allocator), `interrupts` (IDT, PIC, PIT, `hlt`),
-//! `clock` (`rdtsc`), `rng` (`cpuid`, `rdrand`), `pci`, `serve`
-//! (the virtio transport and DMA region constructors). Every
-//! block has a `// SAFETY:` line.
+//! The machine layer is the `x86_64` crate's (port I/O, the GDT and IDT,
+//! control registers, page tables, `hlt`, RDRAND) and `spin`'s (the
+//! console and heap locks, one-time tables); what stays `unsafe` is what
+//! the hardware demands. Unsafe lives in: `entry` (PVH and 64-bit entry,
+//! boot page tables, boot GDT), `port` (isa-debug-exit), `serial` (COM1
+//! ports), `memory` (boot reads, the global allocator), `paging` (device
+//! memory above 4 GiB), `interrupts` (the stubs' gates, the exception
+//! frame, the segment reloads, PIC and PIT ports), `clock` (`rdtsc`, the
+//! PIT), `main` (the heap ranges, the fw_cfg and PCI mechanisms), `serve`
+//! (the virtio and NVMe register constructors, DMA regions, the
+//! identity-DMA promise, the stack switch). Every block has a `// SAFETY:`
+//! line.
 
 #![cfg_attr(target_os = "none", no_std)]
 #![cfg_attr(target_os = "none", no_main)]
@@ -81,8 +87,6 @@ mod rng;
 mod serial;
 #[cfg(target_os = "none")]
 mod serve;
-#[cfg(target_os = "none")]
-mod sync;
 
 #[cfg(target_os = "none")]
 mod board {

@@ -100,12 +100,14 @@ pub fn map_mmio(start: u64, len: u64) -> Result<(), MapError> {
     let mut next = MAPPER.lock();
     let (frame, _) = Cr3::read();
     let pml4 = frame.start_address().as_u64() as *mut PageTable;
-    // SAFETY: CR3 holds the entry code's PML4 (`.bss`, identity-mapped),
-    // and every table it leads to is identity-mapped (the boot tables in
-    // `.bss`, the pool's): offset 0 is right. The lock makes this the only
-    // reference to the tables while it lives.
-    let mut mapper = unsafe { OffsetPageTable::new(&mut *pml4, VirtAddr::new(0)) };
-    let mut allocator = PoolAllocator { next: &mut *next };
+    // SAFETY: CR3 holds the entry code's PML4 (`.bss`, identity-mapped:
+    // its physical address is a valid pointer), which nothing else
+    // references; the lock makes this the only reference while it lives.
+    let pml4 = unsafe { &mut *pml4 };
+    // SAFETY: every table the PML4 leads to is identity-mapped (the boot
+    // tables in `.bss`, the pool's), so physical offset 0 is right.
+    let mut mapper = unsafe { OffsetPageTable::new(pml4, VirtAddr::new(0)) };
+    let mut allocator = PoolAllocator { next: &mut next };
     let flags = PageTableFlags::PRESENT
         | PageTableFlags::WRITABLE
         | PageTableFlags::NO_CACHE
