@@ -249,8 +249,29 @@ fn check_elf(image: &Path) -> Result<()> {
     Ok(())
 }
 
+/// `cargo xtask image` options.
+#[derive(clap::Args)]
+pub struct ImageArgs {
+    /// Also build the UEFI loader (x86_64-unknown-uefi) and the `brick`
+    /// CLI, for `brick image build`.
+    #[arg(long)]
+    uefi: bool,
+}
+
 /// `cargo xtask image`.
-pub fn run_build() -> Result<()> {
+pub fn run_build(args: ImageArgs) -> Result<()> {
+    if args.uefi {
+        let parts = crate::uefi::build()?;
+        for path in [&parts.kernel, &parts.loader, &parts.cli] {
+            let size = std::fs::metadata(path)?.len();
+            println!("{} ({size} bytes)", path.display());
+        }
+        println!(
+            "write a boot disk with: {} image build --manifest node.toml -o node.img",
+            parts.cli.display()
+        );
+        return Ok(());
+    }
     let image = build()?;
     let size = std::fs::metadata(&image)?.len();
     println!(
