@@ -1,32 +1,38 @@
 //! `brick-image`: the bare-metal Brick target (x86_64-unknown-none, PVH).
 //!
-//! Boot skeleton (issue 6): QEMU `-kernel` enters [`entry`] in 32-bit mode;
-//! it reaches long mode and calls `brick_main`, which brings up the COM1
-//! console, reads the PVH start info (memory map, modules, command line),
-//! carves the heap and the preallocated DMA/registered-memory pool from the
-//! memory map ([`target_image::boot`], host-tested), installs the idle
-//! interrupts, calibrates the TSC, picks the randomness source, lists the
-//! PCI functions, reads the manifest from fw_cfg `opt/brick/manifest`,
-//! checks it and reports what it will serve. With a manifest and at least
-//! one virtio-net device (`1af4:1041`) it then serves ([`serve`]): one NIC
-//! per manifest interface, the engine over RAM volumes, the poll loop,
-//! until the VM is stopped; virtio-blk volumes are the `1af4:1042`
-//! functions at the manifest's PCI addresses or with the manifest's serial
-//! (`VIRTIO_BLK_T_GET_ID`, [`serve::choose_disks`]). Without a virtio-net
-//! device it runs the idle check and exits (the boot test).
+//! Boot skeleton (issue 6): QEMU `-kernel` enters [`entry`] in 32-bit mode,
+//! the UEFI loader (`loader/`) at the 64-bit `brick_entry64`; both reach
+//! `brick_main` in long mode, which brings up the COM1 console, reads the
+//! PVH start info (memory map, modules, command line, RSDP), carves the
+//! heap and the preallocated DMA/registered-memory pool from the memory
+//! map ([`target_image::boot`], host-tested), installs the idle
+//! interrupts, calibrates the TSC, picks the randomness source, walks PCI
+//! (ECAM from ACPI MCFG, else the legacy ports), takes the manifest from
+//! the boot disk's slot in force (`manifest-slots` on the command line:
+//! modules 0 and 1) or from fw_cfg `opt/brick/manifest`, checks it and
+//! reports what it will serve. With a manifest and at least one virtio-net
+//! device (`1af4:1041`) it then serves ([`serve`]): one NIC per manifest
+//! interface, the engine over RAM, virtio-blk (`1af4:1042`) and NVMe
+//! (class 01:08:02) volumes, devices chosen by PCI address or serial
+//! ([`serve::choose_disks`]), the poll loop, until the VM is stopped.
+//! Without a virtio-net device it runs the idle check and exits (the boot
+//! test).
 //!
 //! Exit status through `isa-debug-exit` ([`port::ExitCode`]): 33 when the
 //! boot checks pass, 35 on a panic or CPU exception, 37 for a refused
-//! manifest (also a virtio-blk volume whose PCI address or serial names
-//! no disk, a serial on two disks, a disk two volumes select), 39 when the
-//! manifest does not fit in memory, 41 when an interface has no usable
-//! virtio-net device, 43 for a volume kind the image does not serve yet
-//! (files, host block devices). Command line
+//! manifest (also a disk volume whose PCI address or serial names no
+//! device, a serial on two devices, a disk or namespace two volumes
+//! select), 39 when the manifest does not fit in memory, 41 when an
+//! interface has no usable virtio-net device, 43 for a volume kind the
+//! image does not serve (files, host block devices), 45 for a boot disk
+//! with no manifest, 47 when both its slots are corrupt, 49 for a manifest
+//! newer than the image. Command line
 //! words (`-append`): `idle` stays in the idle loop instead of exiting (to
 //! watch host CPU use); `panic` and `fault` (a `ud2`) exercise the failure
 //! paths; `zero-check` scans the heap for non-zero bytes at boot and
 //! `no-pristine` clears every zeroed allocation (see the fresh-RAM
-//! assumption in `main`).
+//! assumption in `main`); the loader adds `manifest-slots` and
+//! `loader-tsc=N` (the TSC at its start, for the boot-time split).
 //!
 //! Build with `cargo xtask image`; run with `cargo xtask run-image`. On the
 //! host this binary is only a stub that says so (it exists so that
