@@ -5,6 +5,8 @@
 //! brick bench --target ADDR[:PORT]... --link SPEC --session S --volume V --rw W --bs N --qd N --runtime SECS [--json]
 //! brick manifest check FILE.toml
 //! brick manifest build FILE.toml -o FILE.bin
+//! brick manifest flash DISK FILE.toml | show DISK
+//! brick image build --manifest FILE.toml -o DISK.img [--loader FILE.efi] [--kernel ELF]
 //! brick status [--json] | list [--json] | map NAME --session S --device-path P --path A... | unmap NAME [--force]
 //! ```
 //!
@@ -13,7 +15,8 @@
 //! a position-dependent pattern ([`pattern`]) with the blocking API; `bench`
 //! keeps a queue depth of IOs in flight with the submit/reap API and reports
 //! IOPS, MB/s and latency percentiles ([`histogram`]). `manifest` compiles
-//! and checks boot manifests ([`manifest_cmd`]). `status`, `list`, `map` and
+//! and checks boot manifests ([`manifest_cmd`]) and flashes them onto a
+//! boot disk that `image build` wrote ([`disk_image`]). `status`, `list`, `map` and
 //! `unmap` are requests to the running `brick-initiatord` ([`daemon_cmd`]).
 //!
 //! Exit status: 0 success, 1 failure (the message on stderr says which
@@ -28,6 +31,7 @@
 mod bench;
 mod connect;
 mod daemon_cmd;
+mod disk_image;
 mod histogram;
 mod io;
 mod manifest_cmd;
@@ -69,9 +73,14 @@ enum Command {
     #[command(after_help = "Example:\n  \
         brick bench --target 127.0.0.1 --link udp:127.0.0.2:4791 --session host1 --volume vol0 --rw randread --bs 4k --qd 32 --runtime 10")]
     Bench(bench::BenchArgs),
-    /// Check or build a boot manifest.
+    /// Check or build a boot manifest, flash it onto a boot disk, show
+    /// what a disk boots with.
     #[command(subcommand)]
     Manifest(manifest_cmd::ManifestCommand),
+    /// Build a bootable disk image (GPT, a FAT EFI system partition with
+    /// the UEFI loader, the image and the manifest).
+    #[command(subcommand)]
+    Image(ImageCommand),
     /// Show the volumes brick-initiatord keeps mapped, with their paths.
     Status(daemon_cmd::StatusArgs),
     /// List the volumes brick-initiatord keeps mapped and where each comes
@@ -85,6 +94,15 @@ enum Command {
     Unmap(daemon_cmd::UnmapArgs),
 }
 
+/// `brick image` subcommands.
+#[derive(Subcommand, Debug)]
+enum ImageCommand {
+    /// Write a GPT disk image that boots a node (UEFI) with a manifest.
+    #[command(after_help = "Example:\n  \
+        brick image build --manifest node.toml -o node.img && dd if=node.img of=/dev/sdX bs=1M")]
+    Build(disk_image::BuildArgs),
+}
+
 /// Exit status of a data mismatch.
 const EXIT_MISMATCH: u8 = 3;
 
@@ -94,6 +112,7 @@ fn main() -> ExitCode {
         Command::Io(args) => io::run(args),
         Command::Bench(args) => bench::run(args),
         Command::Manifest(command) => manifest_cmd::run(command),
+        Command::Image(ImageCommand::Build(args)) => disk_image::build(args),
         Command::Status(args) => daemon_cmd::status(args),
         Command::List(args) => daemon_cmd::list(args),
         Command::Map(args) => daemon_cmd::map(args),

@@ -34,6 +34,21 @@ pub enum ManifestCommand {
         #[arg(short, long, value_name = "FILE.bin")]
         output: PathBuf,
     },
+    /// Compile a manifest and write it into the boot disk's slot that is
+    /// not in force (in place, read back and verified); the next boot
+    /// serves it.
+    Flash {
+        /// The disk image or device (`brick image build`'s layout).
+        disk: PathBuf,
+        /// The manifest (TOML).
+        file: PathBuf,
+    },
+    /// Show both manifest slots of a boot disk and the manifest the image
+    /// will boot with.
+    Show {
+        /// The disk image or device.
+        disk: PathBuf,
+    },
 }
 
 /// Runs a `brick manifest` subcommand.
@@ -46,6 +61,8 @@ pub fn run(command: &ManifestCommand) -> Result<()> {
     match command {
         ManifestCommand::Check { file, canonical } => check(file, *canonical),
         ManifestCommand::Build { file, output } => build(file, output),
+        ManifestCommand::Flash { disk, file } => crate::disk_image::flash(disk, file),
+        ManifestCommand::Show { disk } => crate::disk_image::show(disk),
     }
 }
 

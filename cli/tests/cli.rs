@@ -812,8 +812,9 @@ fn manifest_build_output_reads_back() {
     let crc = u32::from_le_bytes(blob[12..16].try_into().unwrap());
     assert!(
         run.stdout.contains(&format!(
-            "{} bytes, format version 1, crc32 {crc:#010x}",
-            blob.len()
+            "{} bytes, format version {}, crc32 {crc:#010x}",
+            blob.len(),
+            manifest::binary::FORMAT_VERSION
         )),
         "{}",
         run.stdout

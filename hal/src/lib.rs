@@ -14,10 +14,12 @@
 //! the file/block-device volume (a worker pool).
 //! The image drivers: [`virtio`] (polled split virtqueues, virtio-net as a
 //! [`Nic`], virtio-blk as a [`BlockDevice`]) over [`dma`] memory, and
-//! [`fw_cfg`] (QEMU's firmware configuration, DMA interface). They are
+//! [`fw_cfg`] (QEMU's firmware configuration, DMA interface), and [`nvme`]
+//! (a polled NVMe controller, each namespace a [`BlockDevice`]), over
+//! [`pci`] configuration space (ECAM from ACPI MCFG, or the legacy
+//! ports). They are
 //! `no_std` + `alloc` (allocating at construction only) and are tested on
-//! the host against mock devices. (PVH boot, serial, PCI and TSC live in the
-//! image for now.)
+//! the host against mock devices. (PVH boot, serial and TSC live in the image.)
 //!
 //! # Unsafe
 //!
@@ -26,7 +28,9 @@
 //! `BLKSSZGET`, `BLKPBSZGET`, `BLKDISCARD`, `BLKZEROOUT` through libc);
 //! [`dma`] (volatile access to device-shared memory); `virtio::transport`
 //! (virtio PCI MMIO); `virtio::net` (lending a returned RX buffer to the
-//! receive closure); `fw_cfg::port` (x86 port I/O).
+//! receive closure); `fw_cfg::port` (x86 port I/O); `nvme::regs` (NVMe
+//! BAR0 MMIO); `pci::ecam` (configuration space MMIO) and `pci::legacy`
+//! (ports 0xcf8/0xcfc).
 //! Every block carries a `// SAFETY:` line.
 #![cfg_attr(not(any(test, feature = "std")), no_std)]
 #![deny(unsafe_code)]
@@ -41,6 +45,8 @@ pub mod dma;
 pub mod fw_cfg;
 pub mod idle;
 pub mod nic;
+pub mod nvme;
+pub mod pci;
 pub mod rng;
 pub mod virtio;
 

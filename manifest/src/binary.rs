@@ -26,8 +26,12 @@ use crate::types::{
 
 /// The first four bytes of every manifest: `BRKM`.
 pub const MAGIC: [u8; 4] = *b"BRKM";
-/// The format version this crate writes and reads.
-pub const FORMAT_VERSION: u16 = 1;
+/// The format version this crate writes; it reads every version from
+/// [`MIN_FORMAT_VERSION`] to this one.
+pub const FORMAT_VERSION: u16 = 2;
+/// The oldest format version this crate reads (version 1 has no NVMe
+/// volumes; otherwise the layouts agree).
+pub const MIN_FORMAT_VERSION: u16 = 1;
 /// Bytes before the section table.
 pub const HEADER_LEN: usize = 24;
 /// Bytes per section-table entry.
@@ -159,7 +163,7 @@ pub enum ReadError {
     UnsupportedVersion {
         /// The blob's version.
         found: u16,
-        /// The version this reader supports.
+        /// The newest version this reader supports.
         supported: u16,
     },
     /// The header's length disagrees with the blob's (trailing bytes).
@@ -305,7 +309,13 @@ impl fmt::Display for ReadError {
             ),
             UnsupportedVersion { found, supported } => write!(
                 f,
-                "format version {found} is not supported (this build reads version {supported})"
+                "format version {found} is not supported (this build reads versions \
+                 {MIN_FORMAT_VERSION} to {supported}){}",
+                if found > supported {
+                    ": the manifest is newer than this build"
+                } else {
+                    ""
+                }
             ),
             LengthMismatch { header, actual } => {
                 write!(f, "header says {header} bytes but the blob has {actual}")
@@ -466,6 +476,13 @@ pub enum Backing<'a> {
     },
     /// A virtio-blk device (image), whole.
     VirtioBlk(VirtioSelector<'a>),
+    /// A namespace of an NVMe controller (image), whole.
+    Nvme {
+        /// Which controller.
+        controller: VirtioSelector<'a>,
+        /// The namespace id (1 and up).
+        namespace: u32,
+    },
 }
 
 impl Backing<'_> {
@@ -476,6 +493,7 @@ impl Backing<'_> {
             Backing::File { .. } => VolumeKind::File,
             Backing::Block { .. } => VolumeKind::Block,
             Backing::VirtioBlk(_) => VolumeKind::VirtioBlk,
+            Backing::Nvme { .. } => VolumeKind::Nvme,
         }
     }
 }
@@ -509,6 +527,14 @@ impl fmt::Display for Volume<'_> {
             Backing::VirtioBlk(VirtioSelector::Serial(serial)) => {
                 write!(f, "virtio-blk serial {serial}")?
             }
+            Backing::Nvme {
+                controller: VirtioSelector::Pci(address),
+                namespace,
+            } => write!(f, "nvme pci {address} namespace {namespace}")?,
+            Backing::Nvme {
+                controller: VirtioSelector::Serial(serial),
+                namespace,
+            } => write!(f, "nvme serial {serial} namespace {namespace}")?,
         }
         write!(f, ") as {:?}", self.device_path)
     }
@@ -655,7 +681,7 @@ impl<'a> Manifest<'a> {
             return Err(ReadError::BadMagic(magic));
         }
         let version = read_u16(bytes, field::VERSION);
-        if version != FORMAT_VERSION {
+        if !(MIN_FORMAT_VERSION..=FORMAT_VERSION).contains(&version) {
             return Err(ReadError::UnsupportedVersion {
                 found: version,
                 supported: FORMAT_VERSION,
@@ -748,6 +774,11 @@ impl<'a> Manifest<'a> {
             rule_volumes: get(section::ACCESS_VOLUMES)?,
             strings: get(section::STRINGS)?,
         })
+    }
+
+    /// The blob's format version ([`MIN_FORMAT_VERSION`]..=[`FORMAT_VERSION`]).
+    pub fn version(&self) -> u16 {
+        read_u16(self.bytes, field::VERSION)
     }
 
     fn record(&self, span: Span, index: usize) -> Record<'a> {
@@ -947,11 +978,13 @@ impl<'a> Manifest<'a> {
         let kind_code = r.u8(32);
         let selector = r.u8(33);
         let pci = r.u32(36);
-        if r.u16(34) != 0 {
+        let namespace = r.u16(34);
+        let kind = VolumeKind::from_code(kind_code)
+            .filter(|kind| *kind != VolumeKind::Nvme || self.version() >= 2)
+            .ok_or(ReadError::UnknownVolumeKind(kind_code))?;
+        if namespace != 0 && kind != VolumeKind::Nvme {
             return Err(ReadError::ReservedNotZero("volume bytes"));
         }
-        let kind =
-            VolumeKind::from_code(kind_code).ok_or(ReadError::UnknownVolumeKind(kind_code))?;
         let bad = |reason| ReadError::BadVolume {
             volume: error_name(name),
             reason,
@@ -960,8 +993,11 @@ impl<'a> Manifest<'a> {
             volume: error_name(name),
             size,
         };
-        if kind != VolumeKind::VirtioBlk && (selector != SELECTOR_NONE || pci != 0) {
-            return Err(bad("only virtio-blk volumes have a PCI slot or serial"));
+        let has_device = matches!(kind, VolumeKind::VirtioBlk | VolumeKind::Nvme);
+        if !has_device && (selector != SELECTOR_NONE || pci != 0) {
+            return Err(bad(
+                "only virtio-blk and NVMe volumes have a PCI slot or serial",
+            ));
         }
         if size % SIZE_ALIGN != 0 {
             return Err(bad_size);
@@ -980,8 +1016,41 @@ impl<'a> Manifest<'a> {
                 path: self.checked_text(backing_ref, "volume path", check_backing_path)?,
                 size: (size != 0).then_some(size),
             },
-            VolumeKind::Block | VolumeKind::VirtioBlk if size != 0 => {
-                return Err(bad("block and virtio-blk volumes take the device's size"));
+            VolumeKind::Block | VolumeKind::VirtioBlk | VolumeKind::Nvme if size != 0 => {
+                return Err(bad(
+                    "block, virtio-blk and NVMe volumes take the device's size",
+                ));
+            }
+            VolumeKind::Nvme => {
+                if namespace == 0 {
+                    return Err(bad("an NVMe volume names a namespace (1 and up)"));
+                }
+                let selector = match selector {
+                    SELECTOR_PCI if backing_ref.1 == 0 => {
+                        let address = PciAddress::from_u32(pci);
+                        if address.to_u32() != pci {
+                            return Err(ReadError::ReservedNotZero("volume PCI address bits"));
+                        }
+                        VirtioSelector::Pci(address)
+                    }
+                    SELECTOR_PCI => return Err(bad("an NVMe volume by PCI address has no serial")),
+                    SELECTOR_SERIAL if pci == 0 => VirtioSelector::Serial(self.checked_text(
+                        backing_ref,
+                        "volume serial",
+                        check_serial,
+                    )?),
+                    SELECTOR_SERIAL => {
+                        return Err(bad("an NVMe volume by serial has no PCI address"))
+                    }
+                    SELECTOR_NONE => {
+                        return Err(bad("an NVMe volume needs a PCI address or serial"))
+                    }
+                    other => return Err(ReadError::UnknownVirtioSelector(other)),
+                };
+                Backing::Nvme {
+                    controller: selector,
+                    namespace: u32::from(namespace),
+                }
             }
             VolumeKind::Block => Backing::Block {
                 path: self.checked_text(backing_ref, "volume path", check_backing_path)?,
@@ -1227,6 +1296,16 @@ fn same_backing(a: &Backing<'_>, b: &Backing<'_>) -> bool {
         (Backing::File { path: x, .. }, Backing::File { path: y, .. })
         | (Backing::Block { path: x }, Backing::Block { path: y }) => x == y,
         (Backing::VirtioBlk(x), Backing::VirtioBlk(y)) => x == y,
+        (
+            Backing::Nvme {
+                controller: x,
+                namespace: m,
+            },
+            Backing::Nvme {
+                controller: y,
+                namespace: n,
+            },
+        ) => x == y && m == n,
         _ => false,
     }
 }
@@ -1309,8 +1388,21 @@ mod writer {
         for v in &config.volumes {
             volumes.extend_from_slice(&strings.add(&v.name));
             volumes.extend_from_slice(&strings.add(&v.device_path));
+            let mut namespace = 0u16;
             let (backing, size, selector, pci) = match &v.backing {
                 OwnedBacking::Ram { size } => ("", *size, SELECTOR_NONE, 0),
+                OwnedBacking::NvmePci { pci, namespace: n } => {
+                    // Out of range encodes as 0, which the read-back refuses.
+                    namespace = u16::try_from(*n).unwrap_or(0);
+                    ("", 0, SELECTOR_PCI, pci.to_u32())
+                }
+                OwnedBacking::NvmeSerial {
+                    serial,
+                    namespace: n,
+                } => {
+                    namespace = u16::try_from(*n).unwrap_or(0);
+                    (serial.as_str(), 0, SELECTOR_SERIAL, 0)
+                }
                 OwnedBacking::File { path, size } => {
                     (path.as_str(), size.unwrap_or(0), SELECTOR_NONE, 0)
                 }
@@ -1322,7 +1414,7 @@ mod writer {
             volumes.extend_from_slice(&size.to_le_bytes());
             volumes.push(v.backing.kind().code());
             volumes.push(selector);
-            volumes.extend_from_slice(&[0; 2]);
+            volumes.extend_from_slice(&namespace.to_le_bytes());
             volumes.extend_from_slice(&pci.to_le_bytes());
         }
         sections.push((section::VOLUMES, volumes));

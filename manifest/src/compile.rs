@@ -180,6 +180,7 @@ struct RawVolume {
     path: Option<Spanned<String>>,
     pci: Option<Spanned<String>>,
     serial: Option<Spanned<String>>,
+    namespace: Option<Spanned<i64>>,
     device_path: Option<Spanned<String>>,
 }
 
@@ -539,7 +540,7 @@ impl Compiler<'_> {
             let path = |field: &str| format!("volumes[{i}].{field}");
             let name = self.text(&raw.name, &path("name"), check_name)?;
             let kind = VolumeKind::from_name(raw.kind.get_ref()).ok_or_else(|| {
-                self.at(&raw.kind, path("kind"), format!("unknown volume kind {:?}; expected \"ram\", \"file\", \"block\" or \"virtio-blk\"", raw.kind.get_ref()))
+                self.at(&raw.kind, path("kind"), format!("unknown volume kind {:?}; expected \"ram\", \"file\", \"block\", \"virtio-blk\" or \"nvme\"", raw.kind.get_ref()))
             })?;
             // Fields that do not belong to this kind are errors, not ignored.
             let allowed: &[&str] = match kind {
@@ -547,12 +548,14 @@ impl Compiler<'_> {
                 VolumeKind::File => &["path", "size"],
                 VolumeKind::Block => &["path"],
                 VolumeKind::VirtioBlk => &["pci", "serial"],
+                VolumeKind::Nvme => &["pci", "serial", "namespace"],
             };
             let present = [
                 ("size", raw.size.as_ref().map(Spanned::span)),
                 ("path", raw.path.as_ref().map(Spanned::span)),
                 ("pci", raw.pci.as_ref().map(Spanned::span)),
                 ("serial", raw.serial.as_ref().map(Spanned::span)),
+                ("namespace", raw.namespace.as_ref().map(Spanned::span)),
             ];
             for (field, span) in present {
                 if let Some(span) = span {
@@ -602,6 +605,57 @@ impl Compiler<'_> {
                 VolumeKind::Block => Backing::Block {
                     path: required_path(&raw.path)?,
                 },
+                VolumeKind::Nvme => {
+                    let namespace = match &raw.namespace {
+                        None => 1,
+                        Some(n) => match u16::try_from(*n.get_ref()) {
+                            Ok(value) if value > 0 => u32::from(value),
+                            _ => {
+                                return Err(self.at(
+                                    n,
+                                    path("namespace"),
+                                    format!(
+                                        "expected a namespace id from 1 to 65535, found {}",
+                                        n.get_ref()
+                                    ),
+                                ))
+                            }
+                        },
+                    };
+                    match (&raw.pci, &raw.serial) {
+                        (Some(pci), None) => Backing::NvmePci {
+                            pci: PciAddress::parse(pci.get_ref()).ok_or_else(|| {
+                                self.at(
+                                    pci,
+                                    path("pci"),
+                                    format!(
+                                        "expected a PCI address like \"00:05.0\", found {:?}",
+                                        pci.get_ref()
+                                    ),
+                                )
+                            })?,
+                            namespace,
+                        },
+                        (None, Some(serial)) => Backing::NvmeSerial {
+                            serial: self.text(serial, &path("serial"), check_serial)?,
+                            namespace,
+                        },
+                        (Some(_), Some(serial)) => {
+                            return Err(self.at(
+                                serial,
+                                path("serial"),
+                                "give either `pci` or `serial`, not both",
+                            ));
+                        }
+                        (None, None) => {
+                            return Err(self.at(
+                                item,
+                                format!("volumes[{i}]"),
+                                "an nvme volume needs `pci` or `serial` (its controller)",
+                            ));
+                        }
+                    }
+                }
                 VolumeKind::VirtioBlk => match (&raw.pci, &raw.serial) {
                     (Some(pci), None) => {
                         Backing::VirtioPci(PciAddress::parse(pci.get_ref()).ok_or_else(|| {
@@ -661,6 +715,26 @@ impl Compiler<'_> {
                     | (Backing::Block { path: a }, Backing::Block { path: b })
                     | (Backing::VirtioSerial(a), Backing::VirtioSerial(b)) => a == b,
                     (Backing::VirtioPci(a), Backing::VirtioPci(b)) => a == b,
+                    (
+                        Backing::NvmePci {
+                            pci: a,
+                            namespace: m,
+                        },
+                        Backing::NvmePci {
+                            pci: b,
+                            namespace: n,
+                        },
+                    ) => a == b && m == n,
+                    (
+                        Backing::NvmeSerial {
+                            serial: a,
+                            namespace: m,
+                        },
+                        Backing::NvmeSerial {
+                            serial: b,
+                            namespace: n,
+                        },
+                    ) => a == b && m == n,
                     _ => false,
                 };
                 if same {

@@ -78,6 +78,20 @@ pub enum Backing {
     VirtioPci(PciAddress),
     /// A virtio-blk device by serial (image).
     VirtioSerial(String),
+    /// A namespace of the NVMe controller at a PCI address (image).
+    NvmePci {
+        /// The controller.
+        pci: PciAddress,
+        /// The namespace id.
+        namespace: u32,
+    },
+    /// A namespace of the NVMe controller with this serial (image).
+    NvmeSerial {
+        /// The controller's serial (Identify Controller SN).
+        serial: String,
+        /// The namespace id.
+        namespace: u32,
+    },
 }
 
 impl Backing {
@@ -88,6 +102,7 @@ impl Backing {
             Backing::File { .. } => VolumeKind::File,
             Backing::Block { .. } => VolumeKind::Block,
             Backing::VirtioPci(_) | Backing::VirtioSerial(_) => VolumeKind::VirtioBlk,
+            Backing::NvmePci { .. } | Backing::NvmeSerial { .. } => VolumeKind::Nvme,
         }
     }
 }
@@ -158,6 +173,17 @@ impl Config {
                     binary::Backing::VirtioBlk(VirtioSelector::Serial(serial)) => {
                         Backing::VirtioSerial(serial.to_owned())
                     }
+                    binary::Backing::Nvme {
+                        controller: VirtioSelector::Pci(pci),
+                        namespace,
+                    } => Backing::NvmePci { pci, namespace },
+                    binary::Backing::Nvme {
+                        controller: VirtioSelector::Serial(serial),
+                        namespace,
+                    } => Backing::NvmeSerial {
+                        serial: serial.to_owned(),
+                        namespace,
+                    },
                 },
             })
             .collect();
@@ -287,6 +313,12 @@ impl fmt::Display for Config {
                 Backing::Block { path } => writeln!(f, "path = {}", TomlStr(path))?,
                 Backing::VirtioPci(address) => writeln!(f, "pci = \"{address}\"")?,
                 Backing::VirtioSerial(serial) => writeln!(f, "serial = {}", TomlStr(serial))?,
+                Backing::NvmePci { pci, namespace } => {
+                    writeln!(f, "pci = \"{pci}\"\nnamespace = {namespace}")?
+                }
+                Backing::NvmeSerial { serial, namespace } => {
+                    writeln!(f, "serial = {}\nnamespace = {namespace}", TomlStr(serial))?
+                }
             }
         }
         for r in &self.access {

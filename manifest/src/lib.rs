@@ -18,6 +18,9 @@
 //!   [`binary::AccessRule`], [`types::Limits`]) that cannot fail. Its
 //!   [`binary::ReadError`] names the broken rule in one line for the serial
 //!   console (`manifest: checksum mismatch: ...`).
+//! * [`slot`] (`no_std`): the boot disk's two checksummed manifest slots
+//!   and which one is in force ([`slot::choose`]), for the image and for
+//!   `brick manifest flash|show`.
 //! * With the `std` feature: `compile` (TOML -> `Config`, every error
 //!   `file:line: field.path: message`), `build` (TOML -> blob),
 //!   `Config::to_binary`, `Config::from_manifest` and a canonical-TOML
@@ -83,13 +86,15 @@
 //!
 //! [[volumes]]                     # 1..=256
 //! name = "vol0"
-//! kind = "ram"                    # "ram" | "file" | "block" | "virtio-blk"
+//! kind = "ram"                    # "ram" | "file" | "block" | "virtio-blk" | "nvme"
 //! size = "256MiB"                 # ram: required; file: optional. KiB/MiB/GiB/TiB
 //!                                 # or bytes; nonzero, multiple of 4096
 //! device_path = "vol0"            # optional (default: name); what clients map
 //! # file:       path = "/var/lib/brick/data.img"   (absolute)
 //! # block:      path = "/dev/nvme0n1"
 //! # virtio-blk: pci = "00:05.0"   or   serial = "brick-data0"
+//! # nvme:       pci = "00:04.0"   or   serial = "brick-nvme0"   (the controller;
+//! #             Identify Controller's SN), namespace = 1 (optional, 1..=65535)
 //!
 //! [[access]]                      # 1..=256; first match does not stop the search:
 //! sessions = "*"                  # exact name or glob (*, ?) over [A-Za-z0-9_-]
@@ -110,7 +115,7 @@
 //! 128 KiB IOs are never split. With the queue depth it must fit the 28-bit
 //! RTRS immediate: `ceil(log2(queue_depth)) + ceil(log2(chunk_size)) <= 28`.
 //!
-//! # Binary format (version 1)
+//! # Binary format (version 2)
 //!
 //! All integers little-endian. The blob is a header, a section table, and
 //! the sections' records.
@@ -118,7 +123,7 @@
 //! | Offset | Size | Field |
 //! |---|---|---|
 //! | 0 | 4 | magic `BRKM` |
-//! | 4 | 2 | format version = 1 |
+//! | 4 | 2 | format version = 2 (the reader also takes 1) |
 //! | 6 | 2 | flags, zero |
 //! | 8 | 4 | `total_len`: length of the whole blob |
 //! | 12 | 4 | CRC-32 (IEEE, as `crc32fast`) of every byte of the blob except these four |
@@ -135,7 +140,7 @@
 //! | 1 | TARGET (1 record) | 32 | 0 name ref · 8 uuid\[16\] · 24 port u16 · 26 flags u16 (bit 0 uuid present, bit 1 always_invalidate) · 28 reserved u32 |
 //! | 2 | LIMITS (1 record) | 16 | 0 max_sessions u32 · 4 max_paths_per_session u16 · 6 max_connections_per_path u16 · 8 queue_depth u16 · 10 reserved u16 · 12 chunk_size u32 |
 //! | 3 | INTERFACES (1..=8) | 24 | 0 name ref · 8 ipv4\[4\] · 12 mac\[6\] · 18 prefix u8 · 19 reserved u8 · 20 mtu u16 · 22 reserved u16 |
-//! | 4 | VOLUMES (1..=256) | 40 | 0 name ref · 8 device_path ref · 16 backing ref (file/block path or virtio serial) · 24 size u64 (0 = whole device/file) · 32 kind u8 (1 ram, 2 file, 3 block, 4 virtio-blk) · 33 selector u8 (0 none, 1 pci, 2 serial) · 34 reserved u16 · 36 pci u32 (`domain<<16 \| bus<<8 \| dev<<3 \| fn`) |
+//! | 4 | VOLUMES (1..=256) | 40 | 0 name ref · 8 device_path ref · 16 backing ref (file/block path or virtio/NVMe serial) · 24 size u64 (0 = whole device/file) · 32 kind u8 (1 ram, 2 file, 3 block, 4 virtio-blk, 5 nvme: version 2 only) · 33 selector u8 (0 none, 1 pci, 2 serial) · 34 NVMe namespace u16 (1 and up; zero for other kinds and in version 1) · 36 pci u32 (`domain<<16 \| bus<<8 \| dev<<3 \| fn`) |
 //! | 5 | ACCESS_RULES (1..=256) | 24 | 0 sessions ref · 8 source ipv4\[4\] · 12 source prefix u8 · 13 flags u8 (bit 0 source present, bit 1 all volumes) · 14 mode u8 (0 ro, 1 rw) · 15 reserved u8 · 16 first u32 · 20 count u32 (a slice of ACCESS_VOLUMES) |
 //! | 6 | ACCESS_VOLUMES | 2 | volume index u16 |
 //! | 7 | STRINGS | 1 | string bytes |
@@ -155,7 +160,11 @@
 //! [`binary::ReadError::UnsupportedVersion`], and unknown section ids, flag
 //! bits and codes are errors, never ignored: a boot manifest is either
 //! fully understood or refused. The compiler always writes the current
-//! version, so rebuild `m.bin` from `m.toml` after an upgrade.
+//! version, so rebuild `m.bin` from `m.toml` after an upgrade. Version 2
+//! added the `nvme` volume kind and its namespace field; a version-1 blob
+//! reads as before. A blob newer than the reader says so
+//! ([`binary::ReadError::UnsupportedVersion`] with `found > supported`):
+//! the image stops with its own message and status for it.
 //!
 //! # What the image checks itself
 //!
@@ -163,14 +172,16 @@
 //! [`binary::Manifest::check_memory`] with the memory it has (RAM volumes,
 //! [`binary::Manifest::ram_volume_bytes`], plus every session's chunk pool,
 //! [`types::Limits::max_chunk_pool_bytes`]; the error's `Display` is the
-//! boot message), finds each interface's NIC by MAC and each virtio-blk
-//! volume by PCI slot or serial, and refuses to boot if one is missing.
+//! boot message), finds each interface's NIC by MAC, each virtio-blk
+//! volume by PCI slot or serial and each NVMe volume's controller by PCI
+//! address or serial, and refuses to boot if one is missing.
 
 #![cfg_attr(not(any(test, feature = "std")), no_std)]
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 pub mod binary;
+pub mod slot;
 pub mod types;
 
 #[cfg(feature = "std")]

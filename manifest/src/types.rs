@@ -230,6 +230,9 @@ pub enum VolumeKind {
     Block,
     /// A virtio-blk device (image), found by PCI slot or serial.
     VirtioBlk,
+    /// A namespace of an NVMe controller (image), the controller found by
+    /// PCI address or serial (binary format version 2).
+    Nvme,
 }
 
 impl VolumeKind {
@@ -240,6 +243,7 @@ impl VolumeKind {
             VolumeKind::File => 2,
             VolumeKind::Block => 3,
             VolumeKind::VirtioBlk => 4,
+            VolumeKind::Nvme => 5,
         }
     }
 
@@ -250,17 +254,19 @@ impl VolumeKind {
             2 => Some(VolumeKind::File),
             3 => Some(VolumeKind::Block),
             4 => Some(VolumeKind::VirtioBlk),
+            5 => Some(VolumeKind::Nvme),
             _ => None,
         }
     }
 
-    /// The TOML spelling (`ram`, `file`, `block`, `virtio-blk`).
+    /// The TOML spelling (`ram`, `file`, `block`, `virtio-blk`, `nvme`).
     pub fn as_str(self) -> &'static str {
         match self {
             VolumeKind::Ram => "ram",
             VolumeKind::File => "file",
             VolumeKind::Block => "block",
             VolumeKind::VirtioBlk => "virtio-blk",
+            VolumeKind::Nvme => "nvme",
         }
     }
 
@@ -271,6 +277,7 @@ impl VolumeKind {
             VolumeKind::File,
             VolumeKind::Block,
             VolumeKind::VirtioBlk,
+            VolumeKind::Nvme,
         ]
         .into_iter()
         .find(|kind| kind.as_str() == name)
@@ -325,12 +332,13 @@ impl fmt::Display for AccessMode {
     }
 }
 
-/// How a virtio-blk volume finds its device.
+/// How a virtio-blk or NVMe volume finds its device (for NVMe: its
+/// controller; the serial is Identify Controller's SN).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum VirtioSelector<'a> {
     /// The device at this PCI address.
     Pci(PciAddress),
-    /// The device whose `VIRTIO_BLK_T_GET_ID` serial equals this.
+    /// The device whose serial (`VIRTIO_BLK_T_GET_ID`, NVMe SN) equals this.
     Serial(&'a str),
 }
 

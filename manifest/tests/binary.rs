@@ -88,11 +88,11 @@ fn test_flipped_byte_is_checksum_mismatch() {
 fn test_header_errors() {
     let blob = two_ram();
     let mut bad = blob.clone();
-    bad[4] = 2;
+    bad[4] = 3;
     assert_eq!(
         Manifest::parse(&bad).unwrap_err(),
         ReadError::UnsupportedVersion {
-            found: 2,
+            found: 3,
             supported: FORMAT_VERSION
         }
     );
@@ -368,7 +368,8 @@ fn test_errors_are_one_line() {
     );
     assert_eq!(
         patched(blob, |b| b[4] = 9).to_string(),
-        "manifest: format version 9 is not supported (this build reads version 1)"
+        "manifest: format version 9 is not supported (this build reads versions 1 to 2): \
+         the manifest is newer than this build"
     );
 }
 

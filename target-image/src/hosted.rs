@@ -58,6 +58,11 @@ pub fn open_volume(config: &ServerConfig, volume: &Volume<'_>) -> Result<HostedV
         Backing::VirtioBlk(_) => Err(fail(
             "virtio-blk volumes are served by the image, not the hosted target".into(),
         )),
+        Backing::Nvme { .. } => Err(fail(
+            "nvme volumes are served by the image, not the hosted target (serve the \
+             namespace's /dev/nvmeXnY as a `block` volume)"
+                .into(),
+        )),
     }
 }
 

@@ -160,11 +160,14 @@ fn nic_args(index: usize, socket: &Path, mac: [u8; 6]) -> Result<[String; 4]> {
 fn verdict(status: i32) -> &'static str {
     match status {
         33 => "boot checks passed",
-        35 => "panic or CPU exception in the image",
+        35 => "panic or CPU exception in the image (or the UEFI loader failed)",
         37 => "the image refused the manifest",
         39 => "the manifest does not fit in the guest's memory",
         41 => "a manifest interface has no usable virtio-net device",
         43 => "the manifest asks for a volume kind the image does not serve",
+        45 => "the boot disk has no manifest in either slot",
+        47 => "both manifest slots of the boot disk are corrupt",
+        49 => "the manifest is newer than the image understands",
         _ => "QEMU failed or was stopped",
     }
 }
@@ -246,8 +249,29 @@ fn check_elf(image: &Path) -> Result<()> {
     Ok(())
 }
 
+/// `cargo xtask image` options.
+#[derive(clap::Args)]
+pub struct ImageArgs {
+    /// Also build the UEFI loader (x86_64-unknown-uefi) and the `brick`
+    /// CLI, for `brick image build`.
+    #[arg(long)]
+    uefi: bool,
+}
+
 /// `cargo xtask image`.
-pub fn run_build() -> Result<()> {
+pub fn run_build(args: ImageArgs) -> Result<()> {
+    if args.uefi {
+        let parts = crate::uefi::build()?;
+        for path in [&parts.kernel, &parts.loader, &parts.cli] {
+            let size = std::fs::metadata(path)?.len();
+            println!("{} ({size} bytes)", path.display());
+        }
+        println!(
+            "write a boot disk with: {} image build --manifest node.toml -o node.img",
+            parts.cli.display()
+        );
+        return Ok(());
+    }
     let image = build()?;
     let size = std::fs::metadata(&image)?.len();
     println!(
@@ -299,12 +323,22 @@ pub fn guest_mib(blob: &[u8]) -> u64 {
     // Each virtio-blk volume adds its rings and 32 bounce slots of one
     // chunk to the pool (target-image `virtio_blk_config(..).dma_bytes()`,
     // rounded up here).
-    let disks = manifest
-        .volumes()
-        .filter(|v| v.backing.kind() == manifest::VolumeKind::VirtioBlk)
-        .count() as u64;
+    let count = |kind| {
+        manifest
+            .volumes()
+            .filter(|v| v.backing.kind() == kind)
+            .count() as u64
+    };
+    let disks = count(manifest::VolumeKind::VirtioBlk);
     let disk_dma = 32 * u64::from(limits.chunk_size).next_multiple_of(4096) + 16 * 1024;
-    let pool = (16 * MIB + disks * disk_dma).div_ceil(2 * MIB) * 2 * MIB;
+    // Each NVMe volume: the same 32 bounce slots, a PRP list page per
+    // slot, its queues and its controller's admin queues (target-image
+    // `nvme_queue_config(..).dma_bytes()` + `NVME_CONTROLLER_BYTES`).
+    let namespaces = count(manifest::VolumeKind::Nvme);
+    let namespace_dma =
+        32 * u64::from(limits.chunk_size).next_multiple_of(4096) + 32 * 4096 + 6 * 4096 + 32 * 1024;
+    let pool =
+        (16 * MIB + disks * disk_dma + namespaces * namespace_dma).div_ceil(2 * MIB) * 2 * MIB;
     let per_path =
         u64::from(limits.queue_depth.max(2)) * (u64::from(limits.chunk_size) + 64) + (1 << 16);
     let path_pools =
@@ -781,7 +815,9 @@ const BOOT_CASE_TIMEOUT: Duration = Duration::from_secs(60);
 /// image, then boots it once per [`BOOT_CASES`] entry, printing one line
 /// per case (`image boot_checks ... ok (0.6 s)`).
 pub fn suite(filter: Option<&str>, failures: &mut Vec<String>) -> crate::suite::Counts {
-    let mut counts = crate::suite::Counts::default();
+    // The disk boots under UEFI (OVMF, q35, NVMe) first: the loader, the
+    // slots and the bad media (`uefi::suite`).
+    let mut counts = crate::uefi::suite(filter, failures);
     let selected =
         |case: &BootCase| filter.is_none_or(|f| format!("image {}", case.name).contains(f));
     if !BOOT_CASES.iter().any(selected) {
@@ -917,7 +953,7 @@ impl std::fmt::Display for Outcome {
 /// Runs the QEMU `command` (program first) to its end or `timeout`,
 /// capturing the console; `None` as the status on timeout, or as soon as
 /// the console shows `stop_at` (QEMU is killed then).
-fn boot_captured(
+pub fn boot_captured(
     command: &[String],
     timeout: Duration,
     stop_at: Option<&str>,

@@ -19,6 +19,7 @@ mod relay;
 mod setup;
 mod suite;
 mod target;
+mod uefi;
 mod util;
 mod vmimage;
 
@@ -43,8 +44,10 @@ enum Command {
     /// initiator through a relay (`--hosted`: the hosted target on UDP
     /// loopback; `--linux`: from the stock Linux client in a VM).
     Demo(demo::DemoArgs),
-    /// Build the bare-metal image (x86_64-unknown-none, PVH) and print its path.
-    Image,
+    /// Build the bare-metal image (x86_64-unknown-none, PVH) and print its
+    /// path; `--uefi` also builds the UEFI loader and the `brick` CLI that
+    /// writes boot disks.
+    Image(image::ImageArgs),
     /// Build the image and boot it under QEMU with a manifest (fw_cfg).
     RunImage(image::RunImageArgs),
     /// Boot the image serving with a NIC but no client and print QEMU's
@@ -85,7 +88,7 @@ fn main() {
         Command::Setup(args) => setup::run(args),
         Command::Test(args) => suite::run(args),
         Command::Demo(args) => demo::run(args),
-        Command::Image => image::run_build(),
+        Command::Image(args) => image::run_build(args),
         Command::RunImage(args) => image::run(args),
         Command::ImageIdle(args) => image::run_idle(args),
         Command::Vm { command } => match command {

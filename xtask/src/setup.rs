@@ -70,6 +70,9 @@ fn other_packages(purpose: Purpose, abi: &str) -> Vec<String> {
             "fio",
             "rdmacm-utils",
             "ibverbs-providers",
+            // UEFI firmware for the brick-uefi target and the image
+            // suite's disk boots (/usr/share/OVMF).
+            "ovmf",
         ]
         .iter()
         .map(|p| p.to_string())

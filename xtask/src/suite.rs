@@ -133,6 +133,7 @@ fn target_kinds() -> Vec<TargetKind> {
         TargetKind::LinuxReference,
         TargetKind::BrickHosted,
         TargetKind::BrickImage,
+        TargetKind::BrickUefi,
     ]
 }
 
@@ -281,7 +282,12 @@ pub fn run(args: TestArgs) -> Result<()> {
 /// The bare-metal image's boot checks (`image::suite`): no Linux VMs, a
 /// few seconds of QEMU each; runs unless `--target` leaves out brick-image.
 fn image_suite(tally: &mut Tally, args: &TestArgs) {
-    if !(args.targets.is_empty() || args.targets.iter().any(|t| t == "brick-image")) {
+    if !(args.targets.is_empty()
+        || args
+            .targets
+            .iter()
+            .any(|t| t == "brick-image" || t == "brick-uefi"))
+    {
         return;
     }
     let start = Instant::now();
@@ -349,6 +355,21 @@ fn lint() -> Result<()> {
     ]);
     image.args(["--", "-D", "warnings"]);
     crate::util::run(&mut image).context("cargo clippy for the image target")?;
+    // The UEFI loader as the firmware runs it (its `cfg(target_os =
+    // "uefi")` code: boot services, the jump into the image).
+    crate::uefi::ensure_target()?;
+    crate::util::run(cargo().args([
+        "clippy",
+        "--release",
+        "--target",
+        crate::uefi::TARGET,
+        "-p",
+        "brick-loader",
+        "--",
+        "-D",
+        "warnings",
+    ]))
+    .context("cargo clippy for the UEFI loader")?;
     Ok(())
 }
 

@@ -131,12 +131,20 @@ pub enum TargetKind {
     /// the relays, serving the examples/ manifest's RAM volumes. The smoke
     /// tier runs it (~20 s); `--full` only when named (`--target brick-image`).
     BrickImage,
+    /// The same image as a storage node boots it: the UEFI disk image
+    /// (`brick image build`) under OVMF on q35, its durable volume on an
+    /// NVMe namespace, PCI through ECAM. Smoke tier by default; `--full`
+    /// only when named (`--target brick-uefi`).
+    BrickUefi,
 }
 
 impl TargetKind {
     /// Whether its beds can have a probe port ([`BedConfig::probe`]).
     pub fn has_probe_port(self) -> bool {
-        matches!(self, TargetKind::BrickHosted | TargetKind::BrickImage)
+        matches!(
+            self,
+            TargetKind::BrickHosted | TargetKind::BrickImage | TargetKind::BrickUefi
+        )
     }
 
     /// Name for reports.
@@ -145,6 +153,7 @@ impl TargetKind {
             TargetKind::LinuxReference => "linux-ref",
             TargetKind::BrickHosted => "brick-hosted",
             TargetKind::BrickImage => "brick-image",
+            TargetKind::BrickUefi => "brick-uefi",
         }
     }
 
@@ -152,7 +161,7 @@ impl TargetKind {
     /// driver: 1500, no mergeable RX buffers).
     pub fn max_mtu(self) -> Option<u32> {
         match self {
-            TargetKind::BrickImage => Some(1500),
+            TargetKind::BrickImage | TargetKind::BrickUefi => Some(1500),
             _ => None,
         }
     }
@@ -160,7 +169,7 @@ impl TargetKind {
     /// Whether the full tier runs it only when it is named with
     /// `--target` (the smoke tier runs every kind).
     pub fn explicit_only(self) -> bool {
-        matches!(self, TargetKind::BrickImage)
+        matches!(self, TargetKind::BrickImage | TargetKind::BrickUefi)
     }
 }
 
@@ -244,7 +253,13 @@ enum Durable {
     /// The image's first virtio-blk disk ([`crate::image::disk_pci`]`(0)`),
     /// which the caller backs with `durable.img`.
     VirtioBlk,
+    /// Namespace 1 of the NVMe controller [`NVME_SERIAL`], which the
+    /// caller backs with `durable.img`.
+    Nvme,
 }
+
+/// The serial of the brick-uefi target's NVMe controller.
+const NVME_SERIAL: &str = "brick-nvme0";
 
 /// Writes the judge's manifest into `dir`: the examples/ manifest for
 /// `paths` paths, its interfaces at `mtu`, plus a file-backed volume
@@ -281,6 +296,7 @@ fn judge_manifest(
             "kind = \"virtio-blk\"\npci = \"{}\"\n",
             crate::image::disk_pci(0)
         ),
+        Durable::Nvme => format!("kind = \"nvme\"\nserial = \"{NVME_SERIAL}\"\nnamespace = 1\n"),
     };
     let durable_volume = format!(
         "\n# Added by the judge: a durable volume for the restart cases.\n\
@@ -643,7 +659,9 @@ impl Target {
                 target.start_process()?;
                 Ok(target)
             }
-            TargetKind::BrickImage => Self::spawn_image(kind, relays, probe, mtu),
+            TargetKind::BrickImage | TargetKind::BrickUefi => {
+                Self::spawn_image(kind, relays, probe, mtu)
+            }
         }
     }
 
@@ -658,10 +676,14 @@ impl Target {
         probe: Option<&Relay>,
         mtu: u32,
     ) -> Result<Target> {
-        let image = crate::image::build()?;
-        let dir = crate::paths::scratch("brick-image");
-        let manifest_path =
-            judge_manifest(relays.len(), mtu, probe.is_some(), Durable::VirtioBlk, &dir)?;
+        let uefi = kind == TargetKind::BrickUefi;
+        let dir = crate::paths::scratch(kind.name());
+        let durable = if uefi {
+            Durable::Nvme
+        } else {
+            Durable::VirtioBlk
+        };
+        let manifest_path = judge_manifest(relays.len(), mtu, probe.is_some(), durable, &dir)?;
         // The durable volume's disk: created empty here, kept across
         // restarts (a restart reboots QEMU with the same command).
         let disk = dir.join(DURABLE_FILE);
@@ -732,13 +754,14 @@ impl Target {
                     bytes: *size,
                     durable: false,
                 }),
-                manifest::config::Backing::VirtioPci(_) => Ok(Volume {
+                manifest::config::Backing::VirtioPci(_)
+                | manifest::config::Backing::NvmeSerial { .. } => Ok(Volume {
                     device_path: v.device_path.clone(),
                     bytes: DURABLE_MIB << 20,
                     durable: true,
                 }),
                 other => bail!(
-                    "volume {}: {other:?}: the image serves RAM and virtio-blk only",
+                    "volume {}: {other:?}: the judge's image serves RAM, virtio-blk and NVMe",
                     v.name
                 ),
             })
@@ -751,19 +774,38 @@ impl Target {
             restart: Restart::Reboot,
             probe: probe.map(|_| probe_port(&config.limits)),
         };
-        let command = crate::image::qemu_command(
-            &image,
-            &blob_path,
-            crate::image::guest_mib(&blob),
-            &[disk],
-            &nics,
-        )?;
+        let command = if uefi {
+            // The node's boot disk (rewritten for this bed; the durable
+            // namespace's file and the variable store survive restarts).
+            let parts = crate::uefi::build()?;
+            let boot = dir.join("node.img");
+            crate::uefi::disk(&parts, &manifest_path, &boot, None)?;
+            crate::uefi::qemu_command(
+                &boot,
+                &dir.join("vars.fd"),
+                crate::image::guest_mib(&blob),
+                &[crate::uefi::Nvme {
+                    serial: NVME_SERIAL.into(),
+                    namespaces: vec![disk],
+                }],
+                &nics,
+            )?
+        } else {
+            let image = crate::image::build()?;
+            crate::image::qemu_command(
+                &image,
+                &blob_path,
+                crate::image::guest_mib(&blob),
+                &[disk],
+                &nics,
+            )?
+        };
         let mut target = Target {
             descriptor,
             runner: Runner::Process {
                 child: None,
                 command,
-                log: dir.join("brick-image.log"),
+                log: dir.join(format!("{}.log", kind.name())),
                 ready: Some(IMAGE_SERVING),
                 log_start: 0,
             },

@@ -474,3 +474,67 @@ impl<H: Copy, D: BlockDevice<H>> BlockDevice<H> for alloc::boxed::Box<D> {
         (**self).readable_fd()
     }
 }
+
+/// One of two device types as one device (an image serving virtio-blk
+/// disks and NVMe namespaces side by side).
+#[derive(Debug)]
+pub enum Either<A, B> {
+    /// The first kind.
+    Left(A),
+    /// The second kind.
+    Right(B),
+}
+
+impl<H: Copy, A: BlockDevice<H>, B: BlockDevice<H>> BlockDevice<H> for Either<A, B> {
+    fn info(&self) -> DeviceInfo {
+        match self {
+            Self::Left(device) => device.info(),
+            Self::Right(device) => device.info(),
+        }
+    }
+
+    fn submit<X: BufferAccess<H> + ?Sized>(
+        &mut self,
+        request: Request<H>,
+        buffers: &mut X,
+    ) -> Result<(), SubmitError> {
+        match self {
+            Self::Left(device) => device.submit(request, buffers),
+            Self::Right(device) => device.submit(request, buffers),
+        }
+    }
+
+    fn poll<X: BufferAccess<H> + ?Sized>(
+        &mut self,
+        now: u64,
+        buffers: &mut X,
+        max: usize,
+        on_completion: &mut impl FnMut(Completion<H>),
+    ) -> usize {
+        match self {
+            Self::Left(device) => device.poll(now, buffers, max, on_completion),
+            Self::Right(device) => device.poll(now, buffers, max, on_completion),
+        }
+    }
+
+    fn poll_at(&self) -> Option<u64> {
+        match self {
+            Self::Left(device) => device.poll_at(),
+            Self::Right(device) => device.poll_at(),
+        }
+    }
+
+    fn in_flight(&self) -> usize {
+        match self {
+            Self::Left(device) => device.in_flight(),
+            Self::Right(device) => device.in_flight(),
+        }
+    }
+
+    fn readable_fd(&self) -> Option<i32> {
+        match self {
+            Self::Left(device) => device.readable_fd(),
+            Self::Right(device) => device.readable_fd(),
+        }
+    }
+}

@@ -15,8 +15,13 @@
 //!   ([`memory::FreeRanges::from_memory_map`]) and carves the heap and the
 //!   DMA/registered-memory pool from it; the image's global allocator is the
 //!   same type over the heap ranges;
-//! * [`pool`]: how big the preallocated pool is for a manifest.
+//! * [`pool`]: how big the preallocated pool is for a manifest;
+//! * [`acpi`]: the RSDP, RSDT/XSDT and MCFG (the ECAM window for PCI);
+//! * [`claim`]: which disk or controller a volume selects, which NIC an
+//!   interface gets, and the idle loop's halt policy.
 
+pub mod acpi;
+pub mod claim;
 pub mod memory;
 pub mod pool;
 pub mod pvh;

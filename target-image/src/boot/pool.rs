@@ -8,8 +8,10 @@
 //! 1. a boot heap of [`BOOT_HEAP_BYTES`] (the manifest blob, boot tables);
 //! 2. the pool, [`PoolPlan::bytes`] long, [`POOL_ALIGN`]-aligned:
 //!    [`RING_BYTES`] for NIC rings and frame buffers, plus the rings and
-//!    bounce slots of each virtio-blk volume ([`crate::virtio_blk_config`]):
-//!    the drivers' DMA memory;
+//!    bounce slots of each virtio-blk volume ([`crate::virtio_blk_config`])
+//!    and of each NVMe volume ([`nvme_queue_config`], plus
+//!    [`NVME_CONTROLLER_BYTES`] for its controller's admin queue, counted
+//!    per volume): the drivers' DMA memory;
 //! 3. every byte left over joins the heap. The engine allocates its
 //!    registered arenas there (one per interface,
 //!    [`crate::arena_bytes`]), and RAM volumes are `Vec<u8>`s there too:
@@ -26,12 +28,30 @@ pub const RING_BYTES: u64 = 16 << 20;
 /// Pool alignment (a 2 MiB page, so it can be mapped with large pages).
 pub const POOL_ALIGN: u64 = 2 << 20;
 
+/// The admin queues and identify page of one NVMe controller, rounded up
+/// (counted once per NVMe volume: an upper bound).
+pub const NVME_CONTROLLER_BYTES: u64 = 32 << 10;
+
+/// The I/O queue geometry of an NVMe volume: the virtio-blk volumes'
+/// depth, transfer size and bounce slots ([`crate::virtio_blk_config`]),
+/// twice the depth in queue entries, and a 30 s request timeout.
+pub fn nvme_queue_config(config: &rtrs::server::ServerConfig) -> hal::nvme::QueueConfig {
+    let blk = crate::virtio_blk_config(config);
+    hal::nvme::QueueConfig {
+        queue_depth: blk.queue_depth,
+        queue_size: blk.queue_depth.saturating_mul(2),
+        max_transfer: blk.max_transfer,
+        bounce: blk.bounce,
+        timeout_ns: 30_000_000_000,
+    }
+}
+
 /// What a manifest preallocates.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct PoolPlan {
     /// Rings, frame buffers and bounce slots (the pool).
     pub rings: u64,
-    /// Of `rings`, what the virtio-blk volumes take.
+    /// Of `rings`, what the virtio-blk and NVMe volumes take.
     pub disks: u64,
     /// The engine's registered arenas, all interfaces (allocated from the
     /// heap).
@@ -46,10 +66,15 @@ impl PoolPlan {
         let config = crate::server_config(manifest);
         let per_interface = crate::arena_bytes(&config) as u64;
         let per_disk = crate::virtio_blk_config(&config).dma_bytes() as u64;
+        let per_namespace = nvme_queue_config(&config).dma_bytes() as u64 + NVME_CONTROLLER_BYTES;
         let disks = manifest
             .volumes()
-            .filter(|volume| matches!(volume.backing, Backing::VirtioBlk(_)))
-            .fold(0u64, |sum, _| sum.saturating_add(per_disk));
+            .map(|volume| match volume.backing {
+                Backing::VirtioBlk(_) => per_disk,
+                Backing::Nvme { .. } => per_namespace,
+                _ => 0,
+            })
+            .fold(0u64, u64::saturating_add);
         PoolPlan {
             rings: RING_BYTES.saturating_add(disks),
             disks,

@@ -16,11 +16,19 @@
 //! 5. loads a GDT (null, 64-bit code 0x08, data 0x10), far-jumps to 64-bit
 //!    code, sets the segment registers and a 256 KiB stack, and calls
 //!    `brick_main(start_info)`, which never returns.
+//!
+//! The ELF entry point (`e_entry`) is `brick_entry64`, the same start from
+//! 64-bit long mode, for a loader that is already there: the image's UEFI
+//! loader (`loader/`), which has exited boot services. `%rdi` = the
+//! physical address (below 4 GiB) of a PVH `hvm_start_info` the loader
+//! built; paging is on with the firmware's identity map, which must cover
+//! the image, the start info and the current stack. The code zeroes
+//! `.bss`, records the TSC, builds the same 0-4 GiB identity map, loads it
+//! and the GDT, far-returns into 64-bit code with selector 0x08 and joins
+//! the PVH path at `long_mode_entry`; nothing of the firmware's (page
+//! tables, GDT, IDT, stack) is used after that.
 
 #![allow(unsafe_code)]
-
-/// Code segment selector of the boot GDT (used by the IDT's gates).
-pub const CODE_SELECTOR: u16 = 0x08;
 
 /// Bytes of the boot stack.
 pub const STACK_BYTES: usize = 256 * 1024;
@@ -130,6 +138,58 @@ pvh_start:
     ljmp $0x08, $long_mode_entry
 
     .code64
+    .global brick_entry64
+brick_entry64:                      /* %rdi = hvm_start_info (< 4 GiB) */
+    cli
+    cld
+    mov %edi, %esi                  /* kept in %esi, as on the PVH path */
+
+    mov $__bss_start, %edi          /* zero .bss (not the current stack) */
+    mov $__bss_end, %ecx
+    sub %edi, %ecx
+    xor %eax, %eax
+    rep stosb
+
+    rdtsc
+    mov %eax, brick_boot_tsc
+    mov %edx, brick_boot_tsc + 4
+
+    mov $boot_pd, %edi              /* PD: 2048 x 2 MiB, present|writable|PS */
+    xor %ecx, %ecx
+.Lfill_pd64:
+    mov %ecx, %eax
+    shl $21, %eax
+    or $0x83, %eax
+    mov %eax, (%rdi,%rcx,8)
+    inc %ecx
+    cmp $2048, %ecx
+    jne .Lfill_pd64
+    mov $boot_pd, %eax              /* PDPT: four PDs */
+    or $0x3, %eax
+    mov %eax, boot_pdpt
+    add $4096, %eax
+    mov %eax, boot_pdpt + 8
+    add $4096, %eax
+    mov %eax, boot_pdpt + 16
+    add $4096, %eax
+    mov %eax, boot_pdpt + 24
+    mov $boot_pdpt, %eax            /* PML4[0] */
+    or $0x3, %eax
+    mov %eax, boot_pml4
+    mov $boot_pml4, %eax
+    mov %rax, %cr3
+
+    mov %cr4, %rax                  /* OSFXSR | OSXMMEXCPT (PAE is on) */
+    or $((1 << 9) | (1 << 10)), %eax
+    mov %rax, %cr4
+
+    lgdt boot_gdt_pointer
+    mov $boot_stack_top, %esp       /* a stack of our own for the far return */
+    push $0x08
+    mov $long_mode_entry, %eax
+    push %rax
+    lretq
+
 long_mode_entry:
     mov $0x10, %ax
     mov %ax, %ds

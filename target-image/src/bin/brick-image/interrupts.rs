@@ -33,13 +33,24 @@
 //!
 //! CPU exceptions (vectors 0–31) print the vector, error code and faulting
 //! RIP to the console and exit QEMU with a failure status.
+//!
+//! The descriptor tables are the `x86_64` crate's: a
+//! `GlobalDescriptorTable` (64-bit code and data, loaded over the entry
+//! code's boot GDT) and an `InterruptDescriptorTable` whose gates point at
+//! the assembler stubs below (stable Rust has no `x86-interrupt` ABI, so
+//! the stubs stay), both built once in a `spin::Once` and loaded from
+//! there. `hlt` with interrupts enabled is the crate's `enable_and_hlt`.
 
 #![allow(unsafe_code)]
 
-use core::arch::{asm, global_asm};
-use core::cell::UnsafeCell;
+use core::arch::global_asm;
 
-use crate::entry::CODE_SELECTOR;
+use x86_64::instructions::segmentation::{Segment, CS, SS};
+use x86_64::registers::control::Cr2;
+use x86_64::structures::gdt::{Descriptor, GlobalDescriptorTable, SegmentSelector};
+use x86_64::structures::idt::{Entry, InterruptDescriptorTable};
+use x86_64::VirtAddr;
+
 use crate::port::{ExitCode, Port};
 
 /// Longest one-shot the 16-bit PIT counter holds (65535 / 1.193182 MHz).
@@ -123,9 +134,7 @@ extern "C" fn brick_exception(vector: u64, frame: *const u64) -> ! {
         // the current stack (error code, RIP, CS, ... : at least 5 words).
         *word = unsafe { frame.wrapping_add(i).read_volatile() };
     }
-    let cr2: u64;
-    // SAFETY: reading CR2 has no side effect.
-    unsafe { asm!("mov {}, cr2", out(reg) cr2, options(nomem, nostack, preserves_flags)) };
+    let cr2 = Cr2::read_raw();
     crate::serial::write_fmt_unlocked(format_args!(
         "\n[brick] FATAL: CPU exception {vector} (error code {:#x}) at rip {:#x}, cr2 {cr2:#x}\n",
         words[0], words[1]
@@ -133,60 +142,99 @@ extern "C" fn brick_exception(vector: u64, frame: *const u64) -> ! {
     crate::port::exit(ExitCode::Failure)
 }
 
-/// The interrupt descriptor table: 256 16-byte gates.
-#[repr(C, align(16))]
-struct Idt(UnsafeCell<[u64; 512]>);
+/// The address of an assembler stub that handles a vector: only
+/// [`exception_stub`] and [`irq_stub`] make one, so an IDT entry set from
+/// it always points at a handler of this module.
+#[derive(Clone, Copy)]
+struct Stub(u64);
 
-// SAFETY: written only by `init`, on the one CPU, before `lidt` and with
-// interrupts off; afterwards only the CPU reads it.
-unsafe impl Sync for Idt {}
-
-static IDT: Idt = Idt(UnsafeCell::new([0; 512]));
-
-fn gate(handler: u64) -> [u64; 2] {
-    let low = (handler & 0xffff)
-        | (u64::from(CODE_SELECTOR) << 16)
-        | (0x8e << 40) // present, DPL 0, 64-bit interrupt gate
-        | ((handler >> 16) & 0xffff) << 48;
-    [low, handler >> 32]
+/// The stub of CPU exception `vector` (0-31).
+fn exception_stub(vector: usize) -> Stub {
+    // SAFETY: the table is filled by the assembler with the 32 stub
+    // addresses and never written; reading a `u64` of it is a plain load.
+    let table = unsafe { (&raw const brick_exception_table).read() };
+    Stub(table[vector % 32])
 }
 
-/// Installs the IDT (exceptions, IRQ 0-15), remaps the PIC to vectors
-/// 0x20-0x2f with only IRQ 0 unmasked, and stops the PIT. Interrupts stay
-/// disabled (`cli`) except inside [`PitIdle::idle_until`].
+/// The stub of legacy IRQ `irq` (0-15): master or slave EOI.
+fn irq_stub(irq: u8) -> Stub {
+    let handler: unsafe extern "C" fn() = if irq < 8 {
+        brick_irq_master
+    } else {
+        brick_irq_slave
+    };
+    Stub(handler as usize as u64)
+}
+
+/// Points `entry` at `stub` (present, ring 0, interrupt gate: IF cleared
+/// on entry, the current code segment).
+fn install<F>(entry: &mut Entry<F>, stub: Stub) {
+    // SAFETY: `stub` is the address of one of this module's assembler
+    // handlers (the `Stub` constructors), which keep the frame shape of
+    // every vector (a dummy error code where the CPU pushes none) and
+    // never return into a wrong frame: exceptions exit, IRQs `iretq`.
+    unsafe { entry.set_handler_addr(VirtAddr::new(stub.0)) };
+}
+
+/// The IDT, built once by [`init`].
+static IDT: spin::Once<InterruptDescriptorTable> = spin::Once::new();
+
+/// The runtime GDT (64-bit code, data), built once by [`init`]; the same
+/// layout as the entry code's boot GDT.
+static GDT: spin::Once<(GlobalDescriptorTable, SegmentSelector, SegmentSelector)> =
+    spin::Once::new();
+
+fn build_idt() -> InterruptDescriptorTable {
+    let mut idt = InterruptDescriptorTable::new();
+    install(&mut idt.divide_error, exception_stub(0));
+    install(&mut idt.debug, exception_stub(1));
+    install(&mut idt.non_maskable_interrupt, exception_stub(2));
+    install(&mut idt.breakpoint, exception_stub(3));
+    install(&mut idt.overflow, exception_stub(4));
+    install(&mut idt.bound_range_exceeded, exception_stub(5));
+    install(&mut idt.invalid_opcode, exception_stub(6));
+    install(&mut idt.device_not_available, exception_stub(7));
+    install(&mut idt.double_fault, exception_stub(8));
+    install(&mut idt.invalid_tss, exception_stub(10));
+    install(&mut idt.segment_not_present, exception_stub(11));
+    install(&mut idt.stack_segment_fault, exception_stub(12));
+    install(&mut idt.general_protection_fault, exception_stub(13));
+    install(&mut idt.page_fault, exception_stub(14));
+    install(&mut idt.x87_floating_point, exception_stub(16));
+    install(&mut idt.alignment_check, exception_stub(17));
+    install(&mut idt.machine_check, exception_stub(18));
+    install(&mut idt.simd_floating_point, exception_stub(19));
+    install(&mut idt.virtualization, exception_stub(20));
+    install(&mut idt.cp_protection_exception, exception_stub(21));
+    install(&mut idt.hv_injection_exception, exception_stub(28));
+    install(&mut idt.vmm_communication_exception, exception_stub(29));
+    install(&mut idt.security_exception, exception_stub(30));
+    for irq in 0..16u8 {
+        install(&mut idt[IRQ_BASE + irq], irq_stub(irq));
+    }
+    idt
+}
+
+/// Loads the runtime GDT and the IDT (exceptions, IRQ 0-15), remaps the
+/// PIC to vectors 0x20-0x2f with only IRQ 0 unmasked, and stops the PIT.
+/// Interrupts stay disabled except inside [`PitIdle::idle_until`].
 pub fn init() {
-    // SAFETY: the table is filled by the assembler with the 32 stub
-    // addresses and never written.
-    let exceptions = unsafe { (&raw const brick_exception_table).read() };
-    let master = brick_irq_master as *const () as u64;
-    let slave = brick_irq_slave as *const () as u64;
-    // SAFETY: see `Idt`: only this function writes the table, once, on the
-    // one CPU with interrupts off.
-    let table = unsafe { &mut *IDT.0.get() };
-    for (vector, handler) in exceptions.iter().enumerate() {
-        table[2 * vector..2 * vector + 2].copy_from_slice(&gate(*handler));
-    }
-    for irq in 0..16usize {
-        let vector = usize::from(IRQ_BASE) + irq;
-        let handler = if irq < 8 { master } else { slave };
-        table[2 * vector..2 * vector + 2].copy_from_slice(&gate(handler));
-    }
-    #[repr(C, packed)]
-    struct Pointer {
-        limit: u16,
-        base: u64,
-    }
-    let pointer = Pointer {
-        limit: (256 * 16 - 1) as u16,
-        base: IDT.0.get() as u64,
-    };
-    // SAFETY: the IDT is a static with valid gates for vectors 0-47 (the
-    // others are not present and are never raised: the PIC is remapped
-    // below and masked but for IRQ 0 and the lines `unmask_irq` opens
-    // later, all in 0x20-0x2f); `lidt` copies the pointer.
-    unsafe {
-        asm!("lidt [{}]", in(reg) &raw const pointer, options(readonly, nostack, preserves_flags))
-    };
+    let (gdt, code, data) = GDT.call_once(|| {
+        let mut gdt = GlobalDescriptorTable::new();
+        let code = gdt.append(Descriptor::kernel_code_segment());
+        let data = gdt.append(Descriptor::kernel_data_segment());
+        (gdt, code, data)
+    });
+    gdt.load();
+    // SAFETY: `code` is the 64-bit ring 0 code segment of the GDT just
+    // loaded (a static: it outlives every use).
+    unsafe { CS::set_reg(*code) };
+    // SAFETY: `data` is its writable data segment.
+    unsafe { SS::set_reg(*data) };
+    // Every vector the image can raise has a gate: the exceptions and
+    // 0x20-0x2f (the PIC is remapped below and masked but for IRQ 0 and
+    // the lines `unmask_irq` opens later).
+    IDT.call_once(build_idt).load();
 
     let pic: [(u16, u8); 10] = [
         (0x20, 0x11), // ICW1: init, ICW4 follows
@@ -299,11 +347,12 @@ impl<C: hal::Clock> hal::Idle for PitIdle<C> {
         let ticks = (wait.min(MAX_ONE_SHOT_NS) * PIT_HZ).div_ceil(1_000_000_000);
         arm_one_shot(ticks.clamp(1, 0xffff) as u16);
         self.halts += 1;
-        // SAFETY: the IDT and PIC are set up (`init`); `sti` takes effect
-        // after `hlt` starts, so a pending IRQ (the PIT's or an unmasked
-        // NIC line) wakes it; the handlers only acknowledge the PIC and
-        // return with IF clear. `cli` restores the interrupts-off state
-        // (for an IRQ-free wake, as after an NMI).
-        unsafe { asm!("sti", "hlt", "cli", options(nomem, nostack)) };
+        // The IDT and PIC are set up (`init`); `sti` takes effect after
+        // `hlt` starts, so a pending IRQ (the PIT's or an unmasked NIC
+        // line) wakes it; the handlers only acknowledge the PIC and return
+        // with IF clear. `disable` restores the interrupts-off state (for
+        // an IRQ-free wake, as after an NMI).
+        x86_64::instructions::interrupts::enable_and_hlt();
+        x86_64::instructions::interrupts::disable();
     }
 }

@@ -1,43 +1,55 @@
 //! `brick-image`: the bare-metal Brick target (x86_64-unknown-none, PVH).
 //!
-//! Boot skeleton (issue 6): QEMU `-kernel` enters [`entry`] in 32-bit mode;
-//! it reaches long mode and calls `brick_main`, which brings up the COM1
-//! console, reads the PVH start info (memory map, modules, command line),
-//! carves the heap and the preallocated DMA/registered-memory pool from the
-//! memory map ([`target_image::boot`], host-tested), installs the idle
-//! interrupts, calibrates the TSC, picks the randomness source, lists the
-//! PCI functions, reads the manifest from fw_cfg `opt/brick/manifest`,
-//! checks it and reports what it will serve. With a manifest and at least
-//! one virtio-net device (`1af4:1041`) it then serves ([`serve`]): one NIC
-//! per manifest interface, the engine over RAM volumes, the poll loop,
-//! until the VM is stopped; virtio-blk volumes are the `1af4:1042`
-//! functions at the manifest's PCI addresses or with the manifest's serial
-//! (`VIRTIO_BLK_T_GET_ID`, [`serve::choose_disks`]). Without a virtio-net
-//! device it runs the idle check and exits (the boot test).
+//! Boot skeleton (issue 6): QEMU `-kernel` enters [`entry`] in 32-bit mode,
+//! the UEFI loader (`loader/`) at the 64-bit `brick_entry64`; both reach
+//! `brick_main` in long mode, which brings up the COM1 console, reads the
+//! PVH start info (memory map, modules, command line, RSDP), carves the
+//! heap and the preallocated DMA/registered-memory pool from the memory
+//! map ([`target_image::boot`], host-tested), installs the idle
+//! interrupts, calibrates the TSC, picks the randomness source, walks PCI
+//! (ECAM from ACPI MCFG, else the legacy ports), takes the manifest from
+//! the boot disk's slot in force (`manifest-slots` on the command line:
+//! modules 0 and 1) or from fw_cfg `opt/brick/manifest`, checks it and
+//! reports what it will serve. With a manifest and at least one virtio-net
+//! device (`1af4:1041`) it then serves ([`serve`]): one NIC per manifest
+//! interface, the engine over RAM, virtio-blk (`1af4:1042`) and NVMe
+//! (class 01:08:02) volumes, devices chosen by PCI address or serial
+//! ([`serve::choose_disks`]), the poll loop, until the VM is stopped.
+//! Without a virtio-net device it runs the idle check and exits (the boot
+//! test).
 //!
 //! Exit status through `isa-debug-exit` ([`port::ExitCode`]): 33 when the
 //! boot checks pass, 35 on a panic or CPU exception, 37 for a refused
-//! manifest (also a virtio-blk volume whose PCI address or serial names
-//! no disk, a serial on two disks, a disk two volumes select), 39 when the
-//! manifest does not fit in memory, 41 when an interface has no usable
-//! virtio-net device, 43 for a volume kind the image does not serve yet
-//! (files, host block devices). Command line
+//! manifest (also a disk volume whose PCI address or serial names no
+//! device, a serial on two devices, a disk or namespace two volumes
+//! select), 39 when the manifest does not fit in memory, 41 when an
+//! interface has no usable virtio-net device, 43 for a volume kind the
+//! image does not serve (files, host block devices), 45 for a boot disk
+//! with no manifest, 47 when both its slots are corrupt, 49 for a manifest
+//! newer than the image. Command line
 //! words (`-append`): `idle` stays in the idle loop instead of exiting (to
 //! watch host CPU use); `panic` and `fault` (a `ud2`) exercise the failure
 //! paths; `zero-check` scans the heap for non-zero bytes at boot and
 //! `no-pristine` clears every zeroed allocation (see the fresh-RAM
-//! assumption in `main`).
+//! assumption in `main`); the loader adds `manifest-slots` and
+//! `loader-tsc=N` (the TSC at its start, for the boot-time split).
 //!
 //! Build with `cargo xtask image`; run with `cargo xtask run-image`. On the
 //! host this binary is only a stub that says so (it exists so that
 //! `--all-features` builds of the workspace pass).
 //!
-//! Unsafe lives in: `entry` (PVH entry, page tables, GDT), `port` (port
-//! I/O, isa-debug-exit), `serial`, `sync` (the spin lock), `memory` (boot
-//! reads, the global allocator), `interrupts` (IDT, PIC, PIT, `hlt`),
-//! `clock` (`rdtsc`), `rng` (`cpuid`, `rdrand`), `pci`, `serve`
-//! (the virtio transport and DMA region constructors). Every
-//! block has a `// SAFETY:` line.
+//! The machine layer is the `x86_64` crate's (port I/O, the GDT and IDT,
+//! control registers, page tables, `hlt`, RDRAND) and `spin`'s (the
+//! console and heap locks, one-time tables); what stays `unsafe` is what
+//! the hardware demands. Unsafe lives in: `entry` (PVH and 64-bit entry,
+//! boot page tables, boot GDT), `port` (isa-debug-exit), `serial` (COM1
+//! ports), `memory` (boot reads, the global allocator), `paging` (device
+//! memory above 4 GiB), `interrupts` (the stubs' gates, the exception
+//! frame, the segment reloads, PIC and PIT ports), `clock` (`rdtsc`, the
+//! PIT), `main` (the heap ranges, the fw_cfg and PCI mechanisms), `serve`
+//! (the virtio and NVMe register constructors, DMA regions, the
+//! identity-DMA promise, the stack switch). Every block has a `// SAFETY:`
+//! line.
 
 #![cfg_attr(target_os = "none", no_std)]
 #![cfg_attr(target_os = "none", no_main)]
@@ -68,12 +80,11 @@ mod clock;
 #[cfg(target_os = "none")]
 mod entry;
 #[cfg(target_os = "none")]
-#[cfg(target_os = "none")]
 mod interrupts;
 #[cfg(target_os = "none")]
 mod memory;
 #[cfg(target_os = "none")]
-mod pci;
+mod paging;
 #[cfg(target_os = "none")]
 mod port;
 #[cfg(target_os = "none")]
@@ -82,8 +93,6 @@ mod rng;
 mod serial;
 #[cfg(target_os = "none")]
 mod serve;
-#[cfg(target_os = "none")]
-mod sync;
 
 #[cfg(target_os = "none")]
 mod board {
@@ -102,6 +111,11 @@ mod board {
     use crate::port::{exit, ExitCode};
 
     use hal::fw_cfg::{FwCfg, MANIFEST_FILE};
+    use hal::pci::{ConfigSpace, Mechanism};
+    use manifest::binary::ReadError;
+    use manifest::slot::BootMediaError;
+    use target_image::boot::acpi::{self, Mcfg};
+    use target_image::boot::pvh::PhysRead;
     /// Largest manifest read (the format's strings and tables fit easily).
     const MAX_MANIFEST: u32 = 1 << 20;
     /// Free physical ranges tracked while carving.
@@ -113,6 +127,112 @@ mod board {
     fn fail(code: ExitCode, args: core::fmt::Arguments<'_>) -> ! {
         log!("FATAL: {args}");
         exit(code)
+    }
+
+    /// Stops the boot for a manifest blob `Manifest::parse` refused: one
+    /// newer than this image understands has its own status.
+    fn refuse_blob(error: &ReadError) -> ! {
+        match error {
+            ReadError::UnsupportedVersion { found, supported } if found > supported => fail(
+                ExitCode::ManifestTooNew,
+                format_args!(
+                    "{error} (blob refused): the manifest is newer than this image understands"
+                ),
+            ),
+            _ => fail(
+                ExitCode::BadManifest,
+                format_args!("{error} (blob refused)"),
+            ),
+        }
+    }
+
+    /// The command-line word the UEFI loader passes when modules 0 and 1
+    /// are the boot disk's manifest slots A and B.
+    const SLOTS_WORD: &str = "manifest-slots";
+
+    /// The manifest from the boot disk's slots (modules 0 and 1, copied
+    /// out of the loader's memory): the slot in force, or the boot stops
+    /// with the bad medium's own message and status.
+    fn read_slots(info: &BootInfo) -> Vec<u8> {
+        let module = |index: usize| -> Option<Vec<u8>> {
+            let module = info.modules.get(index)?;
+            if module.len == 0 {
+                return None;
+            }
+            let len = usize::try_from(module.len)
+                .ok()?
+                .min(manifest::slot::SLOT_BYTES);
+            let mut bytes = vec![0u8; len];
+            Identity.read(module.start, &mut bytes).ok()?;
+            Some(bytes)
+        };
+        let (a, b) = (module(0), module(1));
+        match manifest::slot::choose(a.as_deref(), b.as_deref()) {
+            Ok(chosen) => {
+                let other = match &chosen.other {
+                    Ok(sequence) => alloc::format!("valid, older (sequence {sequence})"),
+                    Err(error) => alloc::format!("{error}"),
+                };
+                log!(
+                    "manifest: {} (sequence {}) in force, {} bytes; {}: {other}",
+                    chosen.name,
+                    chosen.sequence,
+                    chosen.blob.len(),
+                    chosen.name.other()
+                );
+                chosen.blob.to_vec()
+            }
+            Err(error @ BootMediaError::NoManifest) => {
+                fail(ExitCode::NoManifest, format_args!("{error}"))
+            }
+            Err(error @ BootMediaError::BothCorrupt { .. }) => {
+                fail(ExitCode::SlotsCorrupt, format_args!("{error}"))
+            }
+            Err(error @ BootMediaError::TooNew { .. }) => {
+                fail(ExitCode::ManifestTooNew, format_args!("{error}"))
+            }
+        }
+    }
+
+    /// PCI configuration space: ECAM from ACPI's MCFG when it names a
+    /// window the image can map, else the legacy ports.
+    fn pci_mechanism(rsdp: u64) -> Mechanism {
+        let legacy = |why: core::fmt::Arguments<'_>| {
+            log!("pci: {why}: legacy ports 0xcf8/0xcfc");
+            // SAFETY: ring 0 on a PC-compatible machine (QEMU's pc or q35,
+            // a storage node): ports 0xcf8-0xcff are the configuration
+            // mechanism, used through this value only, on the one CPU.
+            #[allow(unsafe_code)]
+            let ports = unsafe { hal::pci::LegacyPorts::new() };
+            Mechanism::Legacy(ports)
+        };
+        match acpi::find_mcfg(&Identity, rsdp) {
+            Mcfg::Found { rsdp, window } => {
+                if crate::memory::map_mmio(window.start(), window.len()).is_err() {
+                    return legacy(format_args!("MCFG window {window} cannot be mapped"));
+                }
+                // SAFETY: the MCFG window (checksummed ACPI table) is the
+                // configuration space of segment 0, mapped just now
+                // (identity); nothing else in the image drives config space.
+                #[allow(unsafe_code)]
+                let ecam = unsafe {
+                    hal::pci::Ecam::new(
+                        window.start() as usize as *mut u8,
+                        window.start_bus,
+                        window.end_bus,
+                    )
+                };
+                match ecam {
+                    Some(ecam) => {
+                        log!("pci: ECAM {window} (ACPI MCFG, RSDP at {rsdp:#x})");
+                        Mechanism::Ecam(ecam)
+                    }
+                    None => legacy(format_args!("MCFG window {window} is misaligned")),
+                }
+            }
+            Mcfg::NoMcfg { rsdp } => legacy(format_args!("no MCFG (RSDP at {rsdp:#x})")),
+            Mcfg::NoRsdp => legacy(format_args!("no ACPI RSDP")),
+        }
     }
 
     /// Carves `len` bytes or stops the boot.
@@ -256,16 +376,21 @@ mod board {
             log!("WARNING: no RDRAND: randomness is a TSC-seeded SplitMix64, NOT cryptographically strong");
         }
 
+        let pci = pci_mechanism(info.rsdp);
         let mut functions = 0;
         let mut virtio_nets = Vec::new();
         let mut virtio_blks = Vec::new();
-        crate::pci::enumerate(|function| {
+        let mut nvmes = Vec::new();
+        hal::pci::enumerate(&pci, |function| {
             functions += 1;
             if crate::serve::is_virtio_net(function) {
                 virtio_nets.push(*function);
             }
             if crate::serve::is_virtio_blk(function) {
                 virtio_blks.push(*function);
+            }
+            if crate::serve::is_nvme(function) {
+                nvmes.push(*function);
             }
             log!(
                 "pci {} {:04x}:{:04x} class {:02x}{:02x}{:02x}",
@@ -283,25 +408,39 @@ mod board {
             }
         });
         log!(
-            "pci: {functions} functions, {} virtio-net, {} virtio-blk",
+            "pci: {functions} functions ({}), {} virtio-net, {} virtio-blk, {} NVMe",
+            pci,
             virtio_nets.len(),
-            virtio_blks.len()
+            virtio_blks.len(),
+            nvmes.len()
         );
+        let _ = pci.space_len();
 
-        // With a manifest: the blob and the pool's ring part (for the NICs).
-        let served = match read_manifest(&mut free) {
-            None => {
-                log!("manifest: no fw_cfg file {MANIFEST_FILE}: nothing to serve");
-                None
+        // The manifest: from the boot disk's slots (UEFI loader), else from
+        // fw_cfg (QEMU -kernel).
+        let from_disk = info
+            .cmdline
+            .split_whitespace()
+            .any(|word| word == SLOTS_WORD);
+        let blob = if from_disk {
+            Some(read_slots(&info))
+        } else {
+            let blob = read_manifest(&mut free);
+            match &blob {
+                None => log!("manifest: no fw_cfg file {MANIFEST_FILE}: nothing to serve"),
+                Some(blob) => {
+                    log!("manifest: {} bytes from fw_cfg {MANIFEST_FILE}", blob.len())
+                }
             }
+            blob
+        };
+        // With a manifest: the blob and the pool's ring part (for the NICs).
+        let served = match blob {
+            None => None,
             Some(blob) => {
-                log!("manifest: {} bytes from fw_cfg {MANIFEST_FILE}", blob.len());
                 let manifest = match Manifest::parse(&blob) {
                     Ok(manifest) => manifest,
-                    Err(error) => fail(
-                        ExitCode::BadManifest,
-                        format_args!("{error} (blob refused)"),
-                    ),
+                    Err(error) => refuse_blob(&error),
                 };
                 report(&manifest);
                 let plan = PoolPlan::for_manifest(&manifest);
@@ -426,8 +565,25 @@ mod board {
 
         let now = clock.now();
         let since_reset = clock.ticks_to_ns(crate::clock::rdtsc());
+        // The UEFI loader passes the TSC at its start: firmware time is
+        // reset to loader, loader time loader to image entry.
+        let loader_tsc = info.cmdline.split_whitespace().find_map(|word| {
+            word.strip_prefix("loader-tsc=")
+                .and_then(|n| n.parse::<u64>().ok())
+        });
+        let phases = match loader_tsc {
+            Some(tsc) if tsc <= crate::entry::boot_tsc() => crate::serve::BootPhases {
+                firmware_ns: Some(clock.ticks_to_ns(tsc)),
+                loader_ns: Some(clock.ticks_to_ns(crate::entry::boot_tsc() - tsc)),
+            },
+            _ => crate::serve::BootPhases {
+                firmware_ns: Some(clock.ticks_to_ns(crate::entry::boot_tsc())),
+                loader_ns: None,
+            },
+        };
+        crate::serve::BOOT_PHASES.call_once(|| phases);
         log!(
-            "boot: {} us in the image, {} us since reset (TSC)",
+            "boot: {} us in the image, {} us since reset (TSC); {phases}",
             now / 1000,
             since_reset / 1000
         );
@@ -452,7 +608,14 @@ mod board {
                 // manifest (`run-image --disk` without `--nic`).
                 if let Ok(manifest) = Manifest::parse(&blob) {
                     let mut pool = crate::serve::dma_pool(rings);
-                    crate::serve::choose_disks(&virtio_blks, &manifest, &mut pool, &clock);
+                    crate::serve::choose_disks(
+                        &pci,
+                        &virtio_blks,
+                        &nvmes,
+                        &manifest,
+                        &mut pool,
+                        &clock,
+                    );
                 }
             } else {
                 crate::serve::on_stack(stack, move || {
@@ -462,10 +625,16 @@ mod board {
                     };
                     crate::serve::check_volume_kinds(&manifest);
                     let mut pool = crate::serve::dma_pool(rings);
-                    let disks =
-                        crate::serve::choose_disks(&virtio_blks, &manifest, &mut pool, &clock);
-                    let nics = crate::serve::open_nics(&virtio_nets, &manifest, &mut pool);
-                    crate::serve::serve(manifest, nics, disks, pool, clock)
+                    let disks = crate::serve::choose_disks(
+                        &pci,
+                        &virtio_blks,
+                        &nvmes,
+                        &manifest,
+                        &mut pool,
+                        &clock,
+                    );
+                    let nics = crate::serve::open_nics(&pci, &virtio_nets, &manifest, &mut pool);
+                    crate::serve::serve(&pci, manifest, nics, disks, pool, clock)
                 });
             }
         }

@@ -21,7 +21,7 @@ use core::alloc::{GlobalAlloc, Layout};
 use target_image::boot::memory::FreeRanges;
 use target_image::boot::pvh::{OutOfRange, PhysRead};
 
-use crate::sync::SpinLock;
+use spin::Mutex;
 
 /// End of the identity map built by the entry code.
 pub const IDENTITY_LIMIT: u64 = 4 << 30;
@@ -68,7 +68,7 @@ struct State {
 
 /// The global allocator: first fit over the heap's free ranges.
 pub struct Heap {
-    state: SpinLock<State>,
+    state: Mutex<State>,
 }
 
 impl Heap {
@@ -187,8 +187,19 @@ pub unsafe fn nonzero_bytes(start: u64, len: u64) -> (u64, Option<(u64, u64)>) {
 /// The image's heap (empty until `main` adds the boot heap).
 #[global_allocator]
 pub static HEAP: Heap = Heap {
-    state: SpinLock::new(State {
+    state: Mutex::new(State {
         free: FreeRanges::new(),
         pristine: FreeRanges::new(),
     }),
 };
+
+/// Makes `[start, start + len)` of device memory reachable at the same
+/// virtual address: the boot identity map below 4 GiB, new uncached
+/// mappings above it ([`crate::paging::map_mmio`]).
+///
+/// # Errors
+///
+/// Why the range cannot be mapped.
+pub fn map_mmio(start: u64, len: u64) -> Result<(), crate::paging::MapError> {
+    crate::paging::map_mmio(start, len)
+}

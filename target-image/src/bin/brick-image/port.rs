@@ -25,6 +25,12 @@ pub enum ExitCode {
     /// The manifest asks for a volume kind the image does not serve yet
     /// (QEMU status 43).
     Unsupported = 0x15,
+    /// Booted from a disk with no manifest in either slot (QEMU status 45).
+    NoManifest = 0x16,
+    /// Both manifest slots of the boot disk are corrupt (QEMU status 47).
+    SlotsCorrupt = 0x17,
+    /// The manifest is newer than this image understands (QEMU status 49).
+    ManifestTooNew = 0x18,
 }
 
 /// Ends the VM through `isa-debug-exit`; halts forever if the device is

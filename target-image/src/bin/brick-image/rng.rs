@@ -5,15 +5,13 @@
 //! console: R_Keys and PSNs from it are guessable, acceptable only for
 //! tests. virtio-rng is the planned strong fallback.
 
-#![allow(unsafe_code)]
-
-use core::arch::asm;
+use x86_64::instructions::random::RdRand;
 
 /// Where the random bytes come from.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[derive(Clone, Copy, Debug)]
 pub enum Source {
     /// The CPU's RDRAND instruction.
-    Rdrand,
+    Rdrand(RdRand),
     /// SplitMix64 seeded from the TSC: NOT cryptographically strong.
     WeakTsc {
         /// Generator state.
@@ -21,47 +19,17 @@ pub enum Source {
     },
 }
 
-fn has_rdrand() -> bool {
-    let ecx: u32;
-    // SAFETY: `cpuid` leaf 1 only reads CPU identification; rbx (which
-    // LLVM reserves) is saved and restored around it.
-    unsafe {
-        asm!(
-            "mov {saved}, rbx",
-            "cpuid",
-            "mov rbx, {saved}",
-            saved = out(reg) _,
-            inout("eax") 1u32 => _,
-            inout("ecx") 0u32 => ecx,
-            out("edx") _,
-            options(nomem, nostack, preserves_flags)
-        )
-    };
-    ecx & (1 << 30) != 0
-}
-
-fn rdrand() -> Option<u64> {
-    // Intel recommends 10 retries before declaring the DRNG failed.
-    for _ in 0..10 {
-        let value: u64;
-        let ok: u8;
-        // SAFETY: RDRAND is present (checked by `Source::detect`); it only
-        // writes its output register and CF.
-        unsafe {
-            asm!("rdrand {value}", "setc {ok}", value = out(reg) value, ok = out(reg_byte) ok, options(nomem, nostack))
-        };
-        if ok == 1 {
-            return Some(value);
-        }
-    }
-    None
+/// One RDRAND value (the `x86_64` crate's `RdRand`, which checked CPUID),
+/// retried as Intel recommends: 10 times before declaring the DRNG failed.
+fn rdrand(rdrand: RdRand) -> Option<u64> {
+    (0..10).find_map(|_| rdrand.get_u64())
 }
 
 impl Source {
     /// RDRAND if the CPU has it and it answers, else the weak fallback.
     pub fn detect() -> Source {
-        if has_rdrand() && rdrand().is_some() {
-            Source::Rdrand
+        if let Some(source) = RdRand::new().filter(|r| rdrand(*r).is_some()) {
+            Source::Rdrand(source)
         } else {
             Source::WeakTsc {
                 state: crate::clock::rdtsc() ^ 0x9e37_79b9_7f4a_7c15,
@@ -71,7 +39,7 @@ impl Source {
 
     /// Whether the source is cryptographically strong.
     pub fn is_strong(&self) -> bool {
-        matches!(self, Source::Rdrand)
+        matches!(self, Source::Rdrand(_))
     }
 }
 
@@ -81,7 +49,7 @@ impl hal::Rng for Source {
             let word = match self {
                 // A DRNG that stops answering is a hardware fault: the
                 // image must not hand out predictable keys.
-                Source::Rdrand => rdrand().expect("RDRAND failed 10 times in a row"),
+                Source::Rdrand(source) => rdrand(*source).expect("RDRAND failed 10 times in a row"),
                 Source::WeakTsc { state } => {
                     *state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
                     let mut z = *state;

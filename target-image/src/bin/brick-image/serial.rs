@@ -8,7 +8,7 @@
 use core::fmt::{self, Write};
 
 use crate::port::Port;
-use crate::sync::SpinLock;
+use spin::Mutex;
 
 const COM1: u16 = 0x3f8;
 /// Line status register: transmit holding register empty.
@@ -16,7 +16,7 @@ const LSR_THR_EMPTY: u8 = 1 << 5;
 
 struct Com1;
 
-static CONSOLE: SpinLock<Com1> = SpinLock::new(Com1);
+static CONSOLE: Mutex<Com1> = Mutex::new(Com1);
 
 /// Programs COM1 (115200 baud, 8N1, FIFOs on, its interrupts off).
 pub fn init() {

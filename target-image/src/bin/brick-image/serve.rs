@@ -70,16 +70,22 @@ use alloc::string::String;
 use alloc::vec::Vec;
 use core::fmt;
 
-use hal::block::BlockDevice;
+use hal::block::{BlockDevice, Either};
 use hal::dma::{DmaPool, DmaRegion};
+use hal::nvme::regs::MmioRegisters;
+use hal::nvme::{ControllerConfig, NvmeController, NvmeNamespace};
+use hal::pci::{Bar, Function, Intx, Mechanism};
 use hal::virtio::blk::{BlkConfig, DeviceId, VirtioBlk};
 use hal::virtio::net::{NetConfig, VirtioNet};
 use hal::virtio::read_config_bytes;
 use hal::virtio::transport::{PciRegions, PciTransport, VirtioTransport};
 use hal::{Clock, Idle, Nic};
 use manifest::binary::{Backing, Manifest};
-use manifest::types::VirtioSelector;
+use manifest::types::{VirtioSelector, VolumeKind};
 use rtrs::server::ServerConfig;
+use target_image::boot::claim::{
+    choose_device, claim_nics, AfterWake, Candidate, ChoiceError, HaltPolicy,
+};
 use target_image::boot::memory::Range;
 use target_image::boot::pvh::Bytes;
 use target_image::{BuildError, Chunk, Engine};
@@ -87,8 +93,6 @@ use verbs::KeySource;
 
 use crate::clock::Tsc;
 use crate::interrupts::PitIdle;
-use crate::memory::IDENTITY_LIMIT;
-use crate::pci::{self, Bar, Function, Intx};
 use crate::port::{exit, ExitCode};
 
 /// PCI vendor id of virtio devices.
@@ -117,10 +121,10 @@ const STATS_EVERY_NS: u64 = 30_000_000_000;
 
 /// The image's NIC type.
 pub type Net = VirtioNet<PciTransport>;
-/// The image's disk type (virtio-blk volumes).
-pub type Disk = VirtioBlk<Chunk, PciTransport>;
+/// The image's disk type: a virtio-blk disk or an NVMe namespace.
+pub type Disk = Either<VirtioBlk<Chunk, PciTransport>, NvmeNamespace<Chunk, MmioRegisters>>;
 
-/// A volume of the image: RAM or a virtio-blk disk.
+/// A volume of the image: RAM or a disk.
 pub type Volume = target_image::RamOr<Box<Disk>>;
 
 /// An IRQ line (or its absence) for the log.
@@ -160,16 +164,22 @@ pub fn is_virtio_blk(function: &Function) -> bool {
     function.vendor == VIRTIO_VENDOR && function.device == VIRTIO_BLK_MODERN
 }
 
+/// Whether `function` is an NVMe controller (class 01:08:02: mass
+/// storage, non-volatile memory, NVM Express).
+pub fn is_nvme(function: &Function) -> bool {
+    function.class == [0x01, 0x08, 0x02]
+}
+
 /// Refuses (exit [`ExitCode::Unsupported`]) a manifest with a volume kind
-/// the image does not serve: it serves RAM volumes and virtio-blk volumes
-/// (by PCI address or by serial, [`choose_disks`]); files and host block
-/// devices are the hosted target's.
+/// the image does not serve: it serves RAM, virtio-blk and NVMe volumes
+/// ([`choose_disks`]); files and host block devices are the hosted
+/// target's.
 pub fn check_volume_kinds(manifest: &Manifest<'_>) {
     let mut refused = 0;
     for volume in manifest.volumes() {
         let why = match volume.backing {
-            Backing::Ram { .. } | Backing::VirtioBlk(_) => continue,
-            _ => "not served by the image (RAM and virtio-blk volumes only)",
+            Backing::Ram { .. } | Backing::VirtioBlk(_) | Backing::Nvme { .. } => continue,
+            _ => "not served by the image (RAM, virtio-blk and NVMe volumes only)",
         };
         log!(
             "volume {}: kind {}: {why}",
@@ -186,9 +196,16 @@ pub fn check_volume_kinds(manifest: &Manifest<'_>) {
     }
 }
 
+/// Whether `[address, address + len)` is mapped for the image to reach
+/// (the identity map, extended for MMIO above it by `memory::map_mmio`).
+fn reachable(address: u64, len: u64) -> bool {
+    address != 0 && crate::memory::map_mmio(address, len).is_ok()
+}
+
 /// The register blocks of a virtio function, or why not.
-fn regions(function: &Function) -> Result<PciRegions, &'static str> {
-    let capabilities = pci::virtio_capabilities::<MAX_VIRTIO_CAPABILITIES>(function.address);
+fn regions(pci: &Mechanism, function: &Function) -> Result<PciRegions, &'static str> {
+    let capabilities =
+        hal::pci::virtio_capabilities::<_, MAX_VIRTIO_CAPABILITIES>(pci, function.address);
     let mut bars = [0u64; 6];
     for (slot, bar) in bars.iter_mut().zip(function.bars) {
         if let Some(Bar::Memory { address, .. }) = bar {
@@ -197,36 +214,33 @@ fn regions(function: &Function) -> Result<PciRegions, &'static str> {
     }
     let regions = PciRegions::from_capabilities(&bars, &capabilities)
         .ok_or("no common, notify or device virtio capability in a memory BAR")?;
-    let below_identity_limit = |address: u64, len: u32| {
-        address != 0
-            && address
-                .checked_add(u64::from(len))
-                .is_some_and(|end| end <= IDENTITY_LIMIT)
-    };
-    if !below_identity_limit(regions.common, regions.common_len)
-        || !below_identity_limit(regions.notify, regions.notify_len)
-        || !below_identity_limit(regions.device, regions.device_len)
-        || (regions.isr_len > 0 && !below_identity_limit(regions.isr, regions.isr_len))
+    if !reachable(regions.common, u64::from(regions.common_len))
+        || !reachable(regions.notify, u64::from(regions.notify_len))
+        || !reachable(regions.device, u64::from(regions.device_len))
+        || (regions.isr_len > 0 && !reachable(regions.isr, u64::from(regions.isr_len)))
     {
-        return Err("a register block lies outside the identity-mapped 4 GiB");
+        return Err("a register block lies outside what the image can map");
     }
     Ok(regions)
 }
 
 /// A transport for `function` (memory space and bus master enabled, INTx
 /// as `intx` says), or why not.
-fn transport(function: &Function, intx: Intx) -> Result<PciTransport, &'static str> {
-    let command = pci::enable_memory_and_bus_master(function.address, intx);
+fn transport(
+    pci: &Mechanism,
+    function: &Function,
+    intx: Intx,
+) -> Result<PciTransport, &'static str> {
+    let command = hal::pci::enable_memory_and_bus_master(pci, function.address, intx);
     if command & 0b110 != 0b110 {
         return Err("memory space or bus master did not stick");
     }
-    let regions = regions(function)?;
+    let regions = regions(pci, function)?;
     // SAFETY: `regions` come from this function's own virtio capabilities
-    // and its firmware-assigned memory BARs, checked to lie inside the
-    // 0-4 GiB identity map (virtual == physical; QEMU's MMIO ignores the
-    // cache type of the mapping); memory decoding and bus mastering were
-    // just enabled; at most one transport per function exists at a time
-    // (a NIC's is made once; a disk's probe transport is dropped after its
+    // and its firmware-assigned memory BARs, mapped by `reachable`
+    // (virtual == physical); memory decoding and bus mastering were just
+    // enabled; at most one transport per function exists at a time (a
+    // NIC's is made once; a disk's probe transport is dropped after its
     // reset, in `probe_disk`, before the volume's is made in `open_disk`)
     // and nothing else touches its registers.
     unsafe { PciTransport::new(regions) }.ok_or("register block missing or too short")
@@ -256,18 +270,19 @@ pub struct OpenNic {
 }
 
 /// Brings up one [`Net`] per manifest interface from the virtio-net
-/// `functions` (PCI order), with rings and buffers from `pool`. Exits with
-/// [`ExitCode::NoNic`] if a NIC is missing or fails to start.
+/// `functions` (PCI order, [`claim_nics`]), with rings and buffers from
+/// `pool`. Exits with [`ExitCode::NoNic`] if a NIC is missing or fails to
+/// start.
 pub fn open_nics(
+    pci: &Mechanism,
     functions: &[Function],
     manifest: &Manifest<'_>,
     pool: &mut DmaPool,
 ) -> Vec<OpenNic> {
     let config = NetConfig::default();
-    let mut claimed = alloc::vec![false; functions.len()];
     let mut transports: Vec<Option<(PciTransport, [u8; 6])>> = functions
         .iter()
-        .map(|function| match transport(function, Intx::Enabled) {
+        .map(|function| match transport(pci, function, Intx::Enabled) {
             Ok(mut transport) => {
                 let mac = read_config_bytes::<_, 6>(&mut transport, 0);
                 Some((transport, mac))
@@ -278,8 +293,7 @@ pub fn open_nics(
             }
         })
         .collect();
-    let mut nics = Vec::new();
-    for (index, interface) in manifest.interfaces().enumerate() {
+    for interface in manifest.interfaces() {
         if usize::from(interface.mtu) > hal::virtio::net::MTU {
             fail(
                 ExitCode::NoNic,
@@ -289,28 +303,30 @@ pub fn open_nics(
                 ),
             );
         }
-        let wanted = interface.mac.0;
-        let by_mac = transports
-            .iter()
-            .zip(&claimed)
-            .position(|(t, used)| !used && t.as_ref().is_some_and(|(_, mac)| *mac == wanted));
-        let by_order = || {
-            transports
-                .iter()
-                .zip(&claimed)
-                .position(|(t, used)| !used && t.is_some())
-        };
-        let Some(slot) = by_mac.or_else(by_order) else {
+    }
+    let macs: Vec<Option<[u8; 6]>> = transports
+        .iter()
+        .map(|t| t.as_ref().map(|(_, mac)| *mac))
+        .collect();
+    let wanted: Vec<[u8; 6]> = manifest.interfaces().map(|i| i.mac.0).collect();
+    let slots = match claim_nics(&macs, &wanted) {
+        Ok(slots) => slots,
+        Err(index) => {
+            let interface = manifest.interfaces().nth(index);
             fail(
                 ExitCode::NoNic,
                 format_args!(
-                    "interface {index} ({interface}): no usable virtio-net device left \
-                     ({} found): boot QEMU with one -device virtio-net-pci per interface",
+                    "interface {index} ({}): no usable virtio-net device left ({} found): boot \
+                     QEMU with one -device virtio-net-pci per interface",
+                    interface.map_or(alloc::string::String::new(), |i| alloc::format!("{i}")),
                     functions.len()
                 ),
-            );
-        };
-        claimed[slot] = true;
+            )
+        }
+    };
+    let mut nics = Vec::new();
+    for (interface, slot) in manifest.interfaces().zip(slots) {
+        let wanted = interface.mac.0;
         let Some((mut transport, device_mac)) = transports[slot].take() else {
             continue;
         };
@@ -336,7 +352,7 @@ pub fn open_nics(
         } else {
             "differs: frames carry the manifest MAC (QEMU does not filter)"
         };
-        let irq = pci::legacy_irq(functions[slot].address);
+        let irq = hal::pci::legacy_irq(pci, functions[slot].address);
         log!(
             "net: interface {} on pci {}: device MAC {} {agreement}; features {:#x}, IRQ {}, DMA left {} KiB",
             interface.name,
@@ -387,8 +403,8 @@ impl fmt::Display for SerialOf<'_> {
 
 /// Brings up `function` with [`PROBE_CONFIG`], reads its size and its
 /// serial (`VIRTIO_BLK_T_GET_ID`), then resets it.
-fn probe_disk(function: &Function, pool: &mut DmaPool, clock: &Tsc) -> Probe {
-    let transport = match transport(function, Intx::Disabled) {
+fn probe_disk(pci: &Mechanism, function: &Function, pool: &mut DmaPool, clock: &Tsc) -> Probe {
+    let transport = match transport(pci, function, Intx::Disabled) {
         Ok(transport) => transport,
         Err(why) => {
             return Probe {
@@ -421,158 +437,366 @@ fn probe_disk(function: &Function, pool: &mut DmaPool, clock: &Tsc) -> Probe {
     }
 }
 
-/// The virtio-blk functions and which one each virtio-blk volume got
+/// An NVMe controller the image brought up (or why not).
+struct Controller {
+    function: Function,
+    controller: Result<NvmeController<MmioRegisters>, String>,
+    /// Identify Controller's serial, if it came up.
+    serial: Option<hal::nvme::IdString<20>>,
+}
+
+/// How long an NVMe controller may take to come up and answer each admin
+/// command (QEMU's CAP.TO is 7.5 s, far beyond what it takes).
+const NVME_TIMEOUT_NS: u64 = 2_000_000_000;
+
+/// Brings up the NVMe controller at `function`: memory space and bus
+/// mastering on (INTx off: polled), BAR0 sized and mapped, reset, enabled,
+/// identified, admin queue from `pool`.
+fn probe_nvme(
+    pci: &Mechanism,
+    function: &Function,
+    pool: &mut DmaPool,
+    clock: &Tsc,
+) -> Result<NvmeController<MmioRegisters>, String> {
+    let Some(base) = function.memory_bar(0) else {
+        return Err("no memory BAR0".into());
+    };
+    let len = hal::pci::bar_size(pci, function.address, 0).ok_or("BAR0 cannot be sized")?;
+    let command = hal::pci::enable_memory_and_bus_master(pci, function.address, Intx::Disabled);
+    if command & 0b110 != 0b110 {
+        return Err("memory space or bus master did not stick".into());
+    }
+    if !reachable(base, len) {
+        return Err(alloc::format!(
+            "BAR0 [{base:#x}, +{len:#x}) is outside what the image can map"
+        ));
+    }
+    let len = usize::try_from(len).map_err(|_| "BAR0 too large")?;
+    // SAFETY: BAR0 of this NVMe function as the firmware assigned it and
+    // as sized just now, mapped by `reachable`; decoding is on; one
+    // controller value per function (probed once, kept in `Disks`), and
+    // only the NVMe driver touches its registers.
+    let registers = unsafe { MmioRegisters::new(base as usize as *mut u8, len) }
+        .ok_or("BAR0 misaligned or shorter than the admin doorbells")?;
+    let config = ControllerConfig {
+        timeout_ns: Some(NVME_TIMEOUT_NS),
+        ..ControllerConfig::default()
+    };
+    NvmeController::new(registers, pool, clock, config).map_err(|error| alloc::format!("{error}"))
+}
+
+/// The disks and controllers, and which one each disk volume got
 /// ([`choose_disks`]).
 pub struct Disks {
     functions: Vec<Function>,
     probes: Vec<Probe>,
     /// Volume name -> index into `functions`.
     chosen: Vec<(String, usize)>,
+    controllers: Vec<Controller>,
+    /// NVMe volume name -> (index into `controllers`, namespace).
+    namespaces: Vec<(String, usize, u32)>,
 }
 
-/// Chooses the virtio-blk function of each virtio-blk volume of `manifest`
-/// among `functions` (the `1af4:1042` functions, PCI order): by PCI
-/// address, or by the serial each function answers to
-/// `VIRTIO_BLK_T_GET_ID` (every function is probed with a tiny queue from
-/// `pool`, then reset, and logged with its serial and size). Refuses the
-/// manifest (exit [`ExitCode::BadManifest`], each reason logged) if a
-/// volume's PCI address has no disk, no disk or two disks have its serial,
-/// or two volumes select the same disk.
+/// Chooses the device of each disk volume of `manifest`: virtio-blk
+/// volumes among `virtio` (the `1af4:1042` functions, PCI order), NVMe
+/// volumes' controllers among `nvme` (class 01:08:02), by PCI address or by
+/// serial ([`choose_device`]: every device is probed with a tiny queue
+/// from `pool` and logged with its serial and size). Refuses the manifest
+/// (exit [`ExitCode::BadManifest`], each reason logged) if a volume's PCI
+/// address has no device, no device or two have its serial, or two
+/// volumes select the same disk (or the same namespace).
 pub fn choose_disks(
-    functions: &[Function],
+    pci: &Mechanism,
+    virtio: &[Function],
+    nvme: &[Function],
     manifest: &Manifest<'_>,
     pool: &mut DmaPool,
     clock: &Tsc,
 ) -> Disks {
     let mut disks = Disks {
-        functions: functions.to_vec(),
+        functions: virtio.to_vec(),
         probes: Vec::new(),
         chosen: Vec::new(),
+        controllers: Vec::new(),
+        namespaces: Vec::new(),
     };
-    let wanted = manifest
-        .volumes()
-        .any(|volume| matches!(volume.backing, Backing::VirtioBlk(_)));
-    if !wanted {
-        return disks;
-    }
-    for function in functions {
-        let probe = probe_disk(function, pool, clock);
-        match probe.size {
-            Some(size) => log!(
-                "disk: pci {}: {}, {}",
-                function.address,
-                SerialOf(&probe.serial),
-                Bytes(size)
-            ),
-            None => log!(
-                "disk: pci {}: not usable: {}",
-                function.address,
-                SerialOf(&probe.serial)
-            ),
+    let wants = |kind| {
+        manifest
+            .volumes()
+            .any(|volume| volume.backing.kind() == kind)
+    };
+    if wants(VolumeKind::VirtioBlk) {
+        for function in virtio {
+            let probe = probe_disk(pci, function, pool, clock);
+            match probe.size {
+                Some(size) => log!(
+                    "disk: pci {}: {}, {}",
+                    function.address,
+                    SerialOf(&probe.serial),
+                    Bytes(size)
+                ),
+                None => log!(
+                    "disk: pci {}: not usable: {}",
+                    function.address,
+                    SerialOf(&probe.serial)
+                ),
+            }
+            disks.probes.push(probe);
         }
-        disks.probes.push(probe);
     }
+    if wants(VolumeKind::Nvme) {
+        for function in nvme {
+            let controller = probe_nvme(pci, function, pool, clock);
+            match &controller {
+                Ok(controller) => {
+                    let info = controller.info();
+                    log!(
+                        "nvme: pci {}: serial \"{}\" model \"{}\", {} namespace(s), write cache {}, \
+                         {} I/O queue pair(s)",
+                        function.address,
+                        info.serial,
+                        info.model,
+                        info.namespaces,
+                        info.volatile_write_cache,
+                        controller.granted_queues()
+                    );
+                }
+                Err(why) => log!("nvme: pci {}: not usable: {why}", function.address),
+            }
+            let serial = controller.as_ref().ok().map(|c| c.info().serial);
+            disks.controllers.push(Controller {
+                function: *function,
+                controller,
+                serial,
+            });
+        }
+    }
+    let address = |function: &Function| {
+        (
+            function.address.bus,
+            function.address.device,
+            function.address.function,
+        )
+    };
+    let virtio_candidates: Vec<Candidate<'_>> = disks
+        .functions
+        .iter()
+        .zip(&disks.probes)
+        .map(|(function, probe)| Candidate {
+            address: address(function),
+            serial: probe.serial.as_ref().ok().map(DeviceId::as_bytes),
+        })
+        .collect();
+    let nvme_candidates: Vec<Candidate<'_>> = disks
+        .controllers
+        .iter()
+        .map(|controller| Candidate {
+            address: address(&controller.function),
+            serial: controller.serial.as_ref().map(|s| s.as_bytes()),
+        })
+        .collect();
     let mut refused = 0;
-    let mut owner: Vec<Option<&str>> = alloc::vec![None; functions.len()];
+    let mut chosen = Vec::new();
+    let mut namespaces: Vec<(String, usize, u32)> = Vec::new();
+    let mut owner: Vec<Option<&str>> = alloc::vec![None; virtio.len()];
     for volume in manifest.volumes() {
-        let Backing::VirtioBlk(selector) = volume.backing else {
-            continue;
-        };
-        let slot = match selector {
-            VirtioSelector::Pci(wanted) => functions
-                .iter()
-                .position(|function| {
-                    wanted.domain == 0
-                        && function.address.bus == wanted.bus
-                        && function.address.device == wanted.device
-                        && function.address.function == wanted.function
-                })
-                .ok_or_else(|| {
-                    alloc::format!(
+        let outcome = match volume.backing {
+            Backing::VirtioBlk(selector) => choose_device(selector, &virtio_candidates)
+                .map_err(|error| match error {
+                    ChoiceError::NoDeviceAt(wanted) => alloc::format!(
                         "no virtio-blk device (1af4:1042) at pci {wanted} ({} found): boot \
                          QEMU with -device virtio-blk-pci,disable-legacy=on,addr={:02x}.{}",
-                        functions.len(),
+                        virtio.len(),
                         wanted.device,
                         wanted.function
-                    )
-                }),
-            VirtioSelector::Serial(serial) => {
-                let mut matching = disks.probes.iter().enumerate().filter(|(_, probe)| {
-                    probe
-                        .serial
-                        .as_ref()
-                        .is_ok_and(|id| id.as_bytes() == serial.as_bytes())
-                });
-                match (matching.next(), matching.next()) {
-                    (Some((slot, _)), None) => Ok(slot),
-                    (None, _) => Err(alloc::format!(
+                    ),
+                    ChoiceError::NoSerial(serial) => alloc::format!(
                         "no virtio-blk device has serial \"{serial}\" ({} found): boot QEMU \
                          with -device virtio-blk-pci,drive=...,serial={serial}",
-                        functions.len()
-                    )),
-                    (Some((first, _)), Some((second, _))) => Err(alloc::format!(
+                        virtio.len()
+                    ),
+                    ChoiceError::SerialOnTwo(serial, first, second) => alloc::format!(
                         "serial \"{serial}\" is on more than one virtio-blk device (pci {} and \
                          pci {}): give each disk its own serial or select it by `pci`",
-                        functions[first].address,
-                        functions[second].address
+                        virtio[first].address,
+                        virtio[second].address
+                    ),
+                })
+                .and_then(|slot| match owner[slot] {
+                    Some(other) => Err(alloc::format!(
+                        "pci {} is also volume {other}'s: two volumes cannot share a disk",
+                        virtio[slot].address
                     )),
-                }
-            }
+                    None => {
+                        owner[slot] = Some(volume.name);
+                        log!(
+                            "disk: volume {} gets pci {} ({}; {})",
+                            volume.name,
+                            virtio[slot].address,
+                            match selector {
+                                VirtioSelector::Serial(_) => "by serial",
+                                VirtioSelector::Pci(_) => "by PCI address",
+                            },
+                            SerialOf(&disks.probes[slot].serial)
+                        );
+                        chosen.push((String::from(volume.name), slot));
+                        Ok(())
+                    }
+                }),
+            Backing::Nvme {
+                controller,
+                namespace,
+            } => choose_device(controller, &nvme_candidates)
+                .map_err(|error| match error {
+                    ChoiceError::NoDeviceAt(wanted) => alloc::format!(
+                        "no NVMe controller (class 01:08:02) at pci {wanted} ({} found): boot \
+                         QEMU with -device nvme,serial=...,addr={:02x}.{}",
+                        nvme.len(),
+                        wanted.device,
+                        wanted.function
+                    ),
+                    ChoiceError::NoSerial(serial) => alloc::format!(
+                        "no NVMe controller has serial \"{serial}\" ({} found): boot QEMU with \
+                         -device nvme,serial={serial}",
+                        nvme.len()
+                    ),
+                    ChoiceError::SerialOnTwo(serial, first, second) => alloc::format!(
+                        "serial \"{serial}\" is on more than one NVMe controller (pci {} and \
+                         pci {}): select the controller by `pci`",
+                        nvme[first].address,
+                        nvme[second].address
+                    ),
+                })
+                .and_then(|index| {
+                    if let Some((other, ..)) = namespaces
+                        .iter()
+                        .find(|(_, i, n)| *i == index && *n == namespace)
+                    {
+                        return Err(alloc::format!(
+                            "namespace {namespace} of pci {} is also volume {other}'s",
+                            nvme[index].address
+                        ));
+                    }
+                    match &disks.controllers[index].controller {
+                        Err(why) => Err(alloc::format!(
+                            "the NVMe controller at pci {} did not come up: {why}",
+                            nvme[index].address
+                        )),
+                        Ok(controller) if namespace > controller.info().namespaces => {
+                            Err(alloc::format!(
+                                "the NVMe controller at pci {} has {} namespace(s), not {namespace}",
+                                nvme[index].address,
+                                controller.info().namespaces
+                            ))
+                        }
+                        Ok(controller) => {
+                            log!(
+                                "nvme: volume {} gets namespace {namespace} of pci {} ({}; \
+                                 serial \"{}\")",
+                                volume.name,
+                                nvme[index].address,
+                                match controller_selector_kind(&volume.backing) {
+                                    true => "by serial",
+                                    false => "by PCI address",
+                                },
+                                controller.info().serial
+                            );
+                            namespaces.push((String::from(volume.name), index, namespace));
+                            Ok(())
+                        }
+                    }
+                }),
+            _ => continue,
         };
-        let slot = slot.and_then(|slot| match owner[slot] {
-            Some(other) => Err(alloc::format!(
-                "pci {} is also volume {other}'s: two volumes cannot share a disk",
-                functions[slot].address
-            )),
-            None => Ok(slot),
-        });
-        match slot {
-            Ok(slot) => {
-                owner[slot] = Some(volume.name);
-                let how = match selector {
-                    VirtioSelector::Serial(_) => "by serial",
-                    VirtioSelector::Pci(_) => "by PCI address",
-                };
-                log!(
-                    "disk: volume {} gets pci {} ({how}; {})",
-                    volume.name,
-                    functions[slot].address,
-                    SerialOf(&disks.probes[slot].serial)
-                );
-                disks.chosen.push((volume.name.into(), slot));
-            }
-            Err(why) => {
-                log!("volume {volume}: {why}");
-                refused += 1;
-            }
+        if let Err(why) = outcome {
+            log!("volume {volume}: {why}");
+            refused += 1;
         }
     }
+    drop(virtio_candidates);
+    drop(nvme_candidates);
+    disks.chosen = chosen;
+    disks.namespaces = namespaces;
     if refused > 0 {
         fail(
             ExitCode::BadManifest,
-            format_args!("{refused} virtio-blk volume(s) without a disk: manifest refused"),
+            format_args!("{refused} disk volume(s) without a device: manifest refused"),
         );
     }
     disks
 }
 
-/// Opens the virtio-blk volume `volume` on the disk [`choose_disks`] gave
+/// Whether an NVMe volume selects its controller by serial.
+fn controller_selector_kind(backing: &Backing<'_>) -> bool {
+    matches!(
+        backing,
+        Backing::Nvme {
+            controller: VirtioSelector::Serial(_),
+            ..
+        }
+    )
+}
+
+/// Opens the disk volume `volume` on the device [`choose_disks`] gave
 /// it, rings and bounce slots from `pool`.
 fn open_disk(
-    disks: &Disks,
+    pci: &Mechanism,
+    disks: &mut Disks,
     pool: &mut DmaPool,
+    clock: &Tsc,
     config: &ServerConfig,
     volume: &manifest::binary::Volume<'_>,
 ) -> Result<Disk, BuildError> {
     let refuse = |why: String| BuildError::Volume(volume.name.into(), why);
+    if let Backing::Nvme { .. } = volume.backing {
+        let Some(&(_, index, namespace)) = disks
+            .namespaces
+            .iter()
+            .find(|(name, ..)| name == volume.name)
+        else {
+            return Err(refuse(
+                "no NVMe namespace was chosen for this volume".into(),
+            ));
+        };
+        let entry = &mut disks.controllers[index];
+        let address = entry.function.address;
+        let Ok(controller) = &mut entry.controller else {
+            return Err(refuse(alloc::format!("pci {address}: controller not up")));
+        };
+        let device = controller
+            .open_namespace(
+                clock,
+                namespace,
+                pool,
+                target_image::boot::pool::nvme_queue_config(config),
+            )
+            .map_err(|error| {
+                refuse(alloc::format!(
+                    "pci {address} namespace {namespace}: {error}"
+                ))
+            })?;
+        let info = device.info();
+        log!(
+            "nvme: volume {} on namespace {namespace} of pci {address} (queue pair {}): {} in \
+             {}-byte blocks, write cache {}, max transfer {}, DMA left {} KiB",
+            volume.name,
+            device.queue_id(),
+            Bytes(info.size),
+            info.logical_block_size,
+            info.volatile_write_cache,
+            Bytes(u64::from(info.max_transfer)),
+            pool.remaining() / 1024
+        );
+        return Ok(Either::Right(device));
+    }
     let Some(&(_, slot)) = disks.chosen.iter().find(|(name, _)| name == volume.name) else {
         return Err(refuse("no disk was chosen for this volume".into()));
     };
     let function = &disks.functions[slot];
     let address = function.address;
-    let transport = transport(function, Intx::Disabled)
+    let transport = transport(pci, function, Intx::Disabled)
         .map_err(|why| refuse(alloc::format!("pci {address}: {why}")))?;
-    let disk = Disk::new(transport, pool, target_image::virtio_blk_config(config))
+    let disk = VirtioBlk::new(transport, pool, target_image::virtio_blk_config(config))
         .map_err(|error| refuse(alloc::format!("pci {address}: virtio-blk: {error}")))?;
     let info = disk.info();
     let how = match volume.backing {
@@ -594,8 +818,41 @@ fn open_disk(
         disk.features(),
         pool.remaining() / 1024
     );
-    Ok(disk)
+    Ok(Either::Left(disk))
 }
+
+/// Where the time before the image went (for the boot log).
+#[derive(Clone, Copy, Debug)]
+pub struct BootPhases {
+    /// Reset to the loader's start (UEFI) or to the image's entry (PVH).
+    pub firmware_ns: Option<u64>,
+    /// The UEFI loader's start to the image's entry.
+    pub loader_ns: Option<u64>,
+}
+
+impl fmt::Display for BootPhases {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let ms = |ns: u64| (ns / 1_000_000, ns / 1000 % 1000);
+        match (self.firmware_ns, self.loader_ns) {
+            (Some(firmware), Some(loader)) => {
+                let (a, b) = ms(firmware);
+                let (c, d) = ms(loader);
+                write!(
+                    f,
+                    "firmware {a}.{b:03} ms, loader {c}.{d:03} ms before the image"
+                )
+            }
+            (Some(firmware), None) => {
+                let (a, b) = ms(firmware);
+                write!(f, "firmware and loader {a}.{b:03} ms before the image")
+            }
+            _ => f.write_str("firmware time unknown"),
+        }
+    }
+}
+
+/// The boot phases, set once by `main`.
+pub static BOOT_PHASES: spin::Once<BootPhases> = spin::Once::new();
 
 /// Keys for the engine's memory registrations.
 struct Keys(crate::rng::Source);
@@ -624,9 +881,10 @@ fn gather<'a>(payload: &[&'a [u8]], trailer: &'a [u8], out: &mut [&'a [u8]; 8]) 
 /// stopped. `boot_ns` is the image's boot clock at the call (for the
 /// "serving after" line).
 pub fn serve(
+    pci: &Mechanism,
     manifest: Manifest<'_>,
     nics: Vec<OpenNic>,
-    disks: Disks,
+    mut disks: Disks,
     mut pool: DmaPool,
     clock: Tsc,
 ) -> ! {
@@ -661,8 +919,10 @@ pub fn serve(
     let open = |config: &ServerConfig, volume: &manifest::binary::Volume<'_>| {
         let start = clock.now();
         let opened = match volume.backing {
-            Backing::VirtioBlk(_) => open_disk(&disks, &mut pool, config, volume)
-                .map(|disk| Volume::Device(Box::new(disk))),
+            Backing::VirtioBlk(_) | Backing::Nvme { .. } => {
+                open_disk(pci, &mut disks, &mut pool, &clock, config, volume)
+                    .map(|disk| Volume::Device(Box::new(disk)))
+            }
             _ => target_image::ram_volume(volume).map(|ram| Volume::Ram(Box::new(ram))),
         };
         volumes_ns += clock.now() - start;
@@ -698,6 +958,14 @@ pub fn serve(
         target.port,
         nics.len()
     );
+    if let Some(phases) = BOOT_PHASES.get() {
+        let before = phases.firmware_ns.unwrap_or(0) + phases.loader_ns.unwrap_or(0);
+        log!(
+            "boot to serving: {} ms ({phases}, image {} ms)",
+            (before + started) / 1_000_000,
+            started / 1_000_000
+        );
+    }
     let mut idle = PitIdle::new(clock);
     let mut last_busy = started;
     let mut next_stats = started + STATS_EVERY_NS;
@@ -763,15 +1031,12 @@ pub fn serve(
     }
 }
 
-/// Halting until the next deadline or frame (see the module docs).
+/// Halting until the next deadline or frame (see the module docs; the
+/// decisions are [`HaltPolicy`]'s).
 struct FrameWake {
     /// The NICs' distinct lines, unmasked on the PIC.
     lines: Vec<u8>,
-    /// Whether a frame on any NIC ends a halt (every NIC has a line);
-    /// else halts are sliced.
-    on_frame: bool,
-    /// Early wake-ups in a row that no NIC raised.
-    unexplained: u32,
+    policy: HaltPolicy,
 }
 
 impl FrameWake {
@@ -789,7 +1054,8 @@ impl FrameWake {
                 }
                 _ => {
                     log!(
-                        "idle: interface {index} has no usable interrupt line ({}):                          halting in slices of {} us",
+                        "idle: interface {index} has no usable interrupt line ({}): halting in \
+                         slices of {} us",
                         Irq(nic.irq),
                         HALT_SLICE_NS / 1000
                     );
@@ -805,24 +1071,25 @@ impl FrameWake {
         }
         FrameWake {
             lines,
-            on_frame,
-            unexplained: 0,
+            policy: HaltPolicy {
+                on_frame,
+                unexplained: 0,
+                max_halt_ns: MAX_HALT_NS,
+                slice_ns: HALT_SLICE_NS,
+                stuck_after: STUCK_WAKES,
+            },
         }
     }
 
     /// The longest halt from now.
     fn longest_halt(&self) -> u64 {
-        if self.on_frame {
-            MAX_HALT_NS
-        } else {
-            HALT_SLICE_NS
-        }
+        self.policy.longest_halt()
     }
 
     /// Halts until `deadline` or, if frames wake the CPU, until one
     /// arrives on any of `nics` (returns at once if one is waiting).
     fn halt(&mut self, nics: &mut [Net], idle: &mut PitIdle<Tsc>, deadline: u64) {
-        if !self.on_frame {
+        if !self.policy.on_frame {
             idle.idle_until(Some(deadline));
             return;
         }
@@ -841,25 +1108,18 @@ impl FrameWake {
         if waiting {
             return;
         }
-        // A wake-up before half the wait that no NIC raised: the stale
-        // tick of an earlier one-shot (once), or a line held by something
-        // else (every time).
-        let early = clock.now().saturating_sub(start) < deadline.saturating_sub(start) / 2;
-        if raised || !early {
-            self.unexplained = 0;
-            return;
-        }
-        self.unexplained += 1;
-        if self.unexplained >= STUCK_WAKES {
+        let slept = clock.now().saturating_sub(start);
+        let planned = deadline.saturating_sub(start);
+        if self.policy.after_wake(raised, slept, planned) == AfterWake::MaskLines {
             log!(
-                "idle: {STUCK_WAKES} early wake-ups in a row that no NIC raised: IRQ {:?}                  looks stuck; masking it and halting in slices of {} us",
+                "idle: {STUCK_WAKES} early wake-ups in a row that no NIC raised: IRQ {:?} looks \
+                 stuck; masking it and halting in slices of {} us",
                 self.lines,
                 HALT_SLICE_NS / 1000
             );
             for &line in &self.lines {
                 crate::interrupts::mask_irq(line);
             }
-            self.on_frame = false;
         }
     }
 }
