@@ -1,0 +1,91 @@
+//! Closing paths (rtrs.md §6.1): disconnecting, freeing once nothing is
+//! held, and freeing the session with its last path.
+
+use super::*;
+
+impl<V: Verbs> Server<V> {
+    pub(super) fn detach_conn(&mut self, path: u16, conn: ConnId) {
+        let port = self.port_of(path);
+        let _ = self.ports[port].destroy(conn);
+        self.forget_conn(port, conn);
+        for entry in self.paths[usize::from(path)].conns.iter_mut() {
+            if *entry == Some(conn) {
+                *entry = None;
+            }
+        }
+    }
+
+    /// Connected/Connecting -> Closing: disconnect every connection, drop
+    /// requests the consumer does not hold, raise PathDown/SessionClosed.
+    pub(super) fn begin_close(&mut self, path: u16, reason: CloseReason, now: u64) {
+        let port = self.port_of(path);
+        let index = usize::from(path);
+        let slot = &mut self.paths[index];
+        if !matches!(slot.state, PathState::Connecting | PathState::Connected) {
+            return;
+        }
+        let was_up = slot.state == PathState::Connected;
+        slot.state = PathState::Closing {
+            deadline: now.saturating_add(self.config.close_timeout_ns),
+        };
+        if reason == CloseReason::ProtocolViolation {
+            slot.stats.protocol_errors += 1;
+        }
+        for chunk in slot.chunks.iter_mut() {
+            if !matches!(chunk.state, IoState::WaitingForConsumer { .. }) {
+                chunk.state = IoState::Idle;
+            }
+        }
+        let session = slot.session;
+        for cid in 0..slot.conns.len() {
+            if let Some(conn) = self.paths[index].conns[cid] {
+                if self.ports[port].disconnect(conn).is_err() {
+                    // Not connected yet (or already down): release it now.
+                    self.detach_conn(path, conn);
+                }
+            }
+        }
+        self.stats.paths_closed += 1;
+        if was_up {
+            let path_id = self.path_id(path);
+            let session_id = self.session_id(session);
+            self.push_event(Event::PathDown {
+                session: session_id,
+                path: path_id,
+                reason,
+            });
+            let slot = &mut self.sessions[usize::from(session)];
+            slot.paths_up = slot.paths_up.saturating_sub(1);
+            if slot.paths_up == 0 {
+                self.push_event(Event::SessionClosed {
+                    session: session_id,
+                });
+            }
+        }
+    }
+
+    /// Closing -> Free once no connection and no consumer-held IO remain.
+    pub(super) fn maybe_free_path(&mut self, path: u16) {
+        let index = usize::from(path);
+        let slot = &self.paths[index];
+        if !matches!(slot.state, PathState::Closing { .. }) {
+            return;
+        }
+        if slot.conns.iter().any(Option::is_some)
+            || slot
+                .chunks
+                .iter()
+                .any(|c| !matches!(c.state, IoState::Idle))
+        {
+            return;
+        }
+        if !self.release_pool(index) {
+            return; // still pinned; retried from poll
+        }
+        let slot = &mut self.paths[index];
+        slot.state = PathState::Free;
+        slot.generation = slot.generation.wrapping_add(1);
+        let session = slot.session;
+        self.maybe_free_session(session);
+    }
+}

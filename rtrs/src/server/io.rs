@@ -1,0 +1,394 @@
+//! The IO path (rtrs.md §4): IO_REQ immediates, LOCAL_INV, request parsing
+//! with the checks of rnbd.md §8.2, and the response chains of §4.6.
+
+use super::*;
+
+impl<V: Verbs> Server<V> {
+    /// rtrs.md §4.5 step 1-2, §5.
+    pub(super) fn handle_io_receive(&mut self, path: u16, wc: WorkCompletion, now: u64) {
+        let port = self.port_of(path);
+        let index = usize::from(path);
+        let id = self.path_id(path);
+        let Some(cid) = self.paths[index]
+            .conns
+            .iter()
+            .position(|c| *c == Some(wc.conn))
+        else {
+            return;
+        };
+        self.paths[index].heartbeat_missed = 0;
+        let recv = RecvWr {
+            wr_id: wr_id(WrKind::RecvIo, id, 0),
+            sgl: Sgl::new(),
+        };
+        if self.ports[port].post_recv(wc.conn, &[recv]).is_err() {
+            self.begin_close(path, CloseReason::PostFailed, now);
+            return;
+        }
+        let Some(imm) = wc.imm else {
+            // A zero-length SEND into a zero-SGE receive: nothing to do.
+            self.stats.ignored_immediates += 1;
+            return;
+        };
+        match Imm::decode(imm) {
+            Imm::IoReq { payload } => self.dispatch(path, cid as u16, payload, now),
+            Imm::HbMsg => {
+                self.paths[index].ack_pending = true;
+                self.send_heartbeat_ack(path);
+            }
+            Imm::HbAck => {}
+            _ => self.stats.ignored_immediates += 1,
+        }
+    }
+
+    pub(super) fn dispatch(&mut self, path: u16, cid: u16, payload: u32, now: u64) {
+        let (chunk, offset) = self.layout.split(payload);
+        let index = usize::from(path);
+        let qd = u32::from(self.config.queue_depth);
+        if chunk >= qd || offset >= self.config.chunk_size {
+            self.begin_close(path, CloseReason::ProtocolViolation, now); // #14
+            return;
+        }
+        let chunk = chunk as u16;
+        let Some(slot) = self.paths[index].chunks.get_mut(usize::from(chunk)) else {
+            return;
+        };
+        if !matches!(slot.state, IoState::Idle) {
+            self.begin_close(path, CloseReason::ProtocolViolation, now); // #20
+            return;
+        }
+        slot.generation = slot.generation.wrapping_add(1);
+        if self.config.always_invalidate {
+            slot.state = IoState::WaitingForSendQueueToInvalidate { cid, offset };
+            self.try_invalidate(path, chunk, now);
+        } else {
+            self.parse_request(path, chunk, cid, offset, now);
+        }
+    }
+
+    pub(super) fn try_invalidate(&mut self, path: u16, chunk: u16, now: u64) {
+        let port = self.port_of(path);
+        let index = usize::from(path);
+        let id = self.path_id(path);
+        let slot = &self.paths[index];
+        let Some(chunk_slot) = slot.chunks.get(usize::from(chunk)) else {
+            return;
+        };
+        let IoState::WaitingForSendQueueToInvalidate { cid, offset } = chunk_slot.state else {
+            return;
+        };
+        let Some(conn) = slot.conns.get(usize::from(cid)).copied().flatten() else {
+            return;
+        };
+        let wr = SendWr {
+            wr_id: wr_id(WrKind::LocalInv, id, chunk),
+            signaled: true,
+            op: SendOp::LocalInv {
+                rkey: chunk_slot.region.rkey,
+            },
+        };
+        match self.ports[port].post_send(conn, &[wr]) {
+            Ok(()) => {
+                self.paths[index].chunks[usize::from(chunk)].state =
+                    IoState::WaitingForInvalidate { cid, offset };
+            }
+            Err(PostError::QueueFull) => self.pending = true,
+            Err(_) => self.begin_close(path, CloseReason::PostFailed, now),
+        }
+    }
+
+    pub(super) fn invalidated(&mut self, path: u16, chunk: u16, now: u64) {
+        let Some(slot) = self.paths[usize::from(path)].chunks.get(usize::from(chunk)) else {
+            return;
+        };
+        if let IoState::WaitingForInvalidate { cid, offset } = slot.state {
+            self.parse_request(path, chunk, cid, offset, now);
+        }
+    }
+
+    /// rtrs.md §4.5 steps 4-7 with rnbd.md §8.2 #15-#19.
+    pub(super) fn parse_request(&mut self, path: u16, chunk: u16, cid: u16, offset: u32, now: u64) {
+        let port = self.port_of(path);
+        let index = usize::from(path);
+        let chunk_size = self.config.chunk_size;
+        let slot = &self.paths[index].chunks[usize::from(chunk)];
+        let handle = slot.region.handle;
+        let generation = slot.generation;
+        let parsed = self.ports[port]
+            .with_slice(handle, 0, handle.len(), |bytes| {
+                match IoRequest::parse(bytes, offset as usize) {
+                    Ok(request) => Ok((request.msg, request.data_len, request.user_header.len())),
+                    Err(ParseError::UserHeaderBeyondChunkStart) => {
+                        // Keep the read descriptor: an error answer still invalidates.
+                        let read = bytes
+                            .get(offset as usize..)
+                            .and_then(|msg| ReadMsg::parse(msg).ok());
+                        Err((ParseError::UserHeaderBeyondChunkStart, read))
+                    }
+                    Err(error) => Err((error, None)),
+                }
+            })
+            .unwrap_or(Err((ParseError::OffsetBeyondChunk, None)));
+        let respond_einval = |read: Option<ReadMsg>| {
+            IoState::WaitingForSendQueue(Response {
+                cid,
+                errno: errno::EINVAL,
+                read: read.and_then(ReadInfo::from_msg),
+                data: ReadData::Chunk,
+                rekeyed: false,
+            })
+        };
+        let (msg, data_len, usr_len) = match parsed {
+            Ok(found) => found,
+            Err((ParseError::UserHeaderBeyondChunkStart, read)) => {
+                // #17: Linux drops silently; Brick answers EINVAL.
+                self.note_protocol_error(path);
+                self.paths[index].chunks[usize::from(chunk)].state = respond_einval(read);
+                self.try_respond(path, chunk, now);
+                return;
+            }
+            Err((ParseError::TooManyReadDescriptors, _)) => {
+                // #18: answered EINVAL (no descriptor to invalidate).
+                self.note_protocol_error(path);
+                self.paths[index].chunks[usize::from(chunk)].state = respond_einval(None);
+                self.try_respond(path, chunk, now);
+                return;
+            }
+            Err(_) => {
+                // #15, #16: close.
+                self.begin_close(path, CloseReason::ProtocolViolation, now);
+                return;
+            }
+        };
+        let data_len = data_len as u32;
+        let (direction, read) = match msg {
+            IoMsg::Write(_) => (IoDirection::Write, None),
+            IoMsg::Read(read) => {
+                let info = ReadInfo::from_msg(read);
+                if let Some(desc) = read.desc {
+                    // #19: 1..=chunk and equal to the room the client left.
+                    if desc.len == 0 || desc.len > chunk_size || desc.len != data_len {
+                        self.note_protocol_error(path);
+                        self.paths[index].chunks[usize::from(chunk)].state =
+                            respond_einval(Some(read));
+                        self.try_respond(path, chunk, now);
+                        return;
+                    }
+                }
+                let read_len = info.map_or(0, |i| i.len);
+                (IoDirection::Read { read_len }, Some(info))
+            }
+        };
+        let (Some(header), Some(data)) = (
+            handle.slice(data_len, usr_len as u32),
+            handle.slice(0, data_len),
+        ) else {
+            self.begin_close(path, CloseReason::ProtocolViolation, now);
+            return;
+        };
+        self.paths[index].chunks[usize::from(chunk)].state = IoState::WaitingForConsumer {
+            cid,
+            read: read.flatten().or(match direction {
+                IoDirection::Read { .. } => Some(ReadInfo::dataless()),
+                IoDirection::Write => None,
+            }),
+        };
+        if let IoDirection::Write = direction {
+            let slot = &mut self.paths[index];
+            slot.stats.write_bytes += u64::from(data_len);
+            self.sessions[usize::from(slot.session)].stats.write_bytes += u64::from(data_len);
+        }
+        let session = self.session_id(self.paths[index].session);
+        let token = IoToken {
+            path: self.path_id(path),
+            chunk,
+            generation,
+        };
+        self.push_event(Event::Io {
+            session,
+            token,
+            direction,
+            header,
+            data,
+            admin: cid == 0,
+            port: self.port_of(path),
+        });
+    }
+
+    pub(super) fn note_protocol_error(&mut self, path: u16) {
+        let slot = &mut self.paths[usize::from(path)];
+        slot.stats.protocol_errors += 1;
+        self.sessions[usize::from(slot.session)]
+            .stats
+            .protocol_errors += 1;
+    }
+
+    /// Builds and posts the response chain of rtrs.md §4.6.
+    pub(super) fn try_respond(&mut self, path: u16, chunk: u16, now: u64) {
+        let port = self.port_of(path);
+        let index = usize::from(path);
+        let id = self.path_id(path);
+        let invalidate_mode = self.config.always_invalidate;
+        let slot = &self.paths[index];
+        let Some(chunk_slot) = slot.chunks.get(usize::from(chunk)) else {
+            return;
+        };
+        let response = match &chunk_slot.state {
+            IoState::WaitingForSendQueue(response)
+            | IoState::WaitingForPreviousCompletion(response) => response.clone(),
+            _ => return,
+        };
+        if chunk_slot.sends_in_flight > 0 {
+            // The previous response of this chunk still owns its memory.
+            self.paths[index].chunks[usize::from(chunk)].state =
+                IoState::WaitingForPreviousCompletion(response);
+            return;
+        }
+        let Some(conn) = slot.conns.get(usize::from(response.cid)).copied().flatten() else {
+            self.begin_close(path, CloseReason::PostFailed, now);
+            return;
+        };
+        let region = chunk_slot.region;
+        let Some(rkey_buffer) = slot.rkey_rsp else {
+            return;
+        };
+        let mut response = response;
+        let mut rkey = region.rkey;
+        if invalidate_mode && !response.rekeyed {
+            match self.ports[port].rekey(region.lkey) {
+                Ok(fresh) => {
+                    rkey = fresh;
+                    response.rekeyed = true;
+                    let chunk_slot = &mut self.paths[index].chunks[usize::from(chunk)];
+                    chunk_slot.region.rkey = fresh;
+                }
+                Err(verbs::RegError::Busy) => {
+                    self.paths[index].chunks[usize::from(chunk)].state =
+                        IoState::WaitingForPreviousCompletion(response);
+                    self.pending = true;
+                    return;
+                }
+                Err(_) => {
+                    self.begin_close(path, CloseReason::PostFailed, now);
+                    return;
+                }
+            }
+        }
+        let mut wrs: heapless::Vec<SendWr, 3> = heapless::Vec::new();
+        let mut read_bytes = 0;
+        let read = response.read;
+        let invalidate = read.and_then(|r| r.need_inval.then_some(r.rkey));
+        if response.errno == 0 {
+            if let Some(read) = read.filter(|r| r.len > 0) {
+                let sgl = match &response.data {
+                    ReadData::Chunk => Sgl::single(region.sge(0, read.len)),
+                    ReadData::Sgl(sgl) => sgl.clone(),
+                };
+                read_bytes = read.len;
+                let _ = wrs.push(SendWr {
+                    wr_id: wr_id(WrKind::IoUnsignaled, id, chunk),
+                    signaled: false,
+                    op: SendOp::RdmaWrite {
+                        sgl,
+                        remote_addr: read.addr,
+                        rkey: read.rkey,
+                        imm: None,
+                    },
+                });
+            }
+        }
+        if let Some(rkey) = invalidate {
+            let _ = wrs.push(SendWr {
+                wr_id: wr_id(WrKind::IoUnsignaled, id, chunk),
+                signaled: false,
+                op: SendOp::SendWithInv {
+                    sgl: Sgl::new(),
+                    invalidate: rkey,
+                },
+            });
+        }
+        let rsp = if invalidate.is_some() {
+            Imm::IoRspWithInvalidate {
+                msg_id: u32::from(chunk),
+                errno: response.errno,
+            }
+        } else {
+            Imm::IoRsp {
+                msg_id: u32::from(chunk),
+                errno: response.errno,
+            }
+        };
+        // chunk < qd < 2^16 and errno <= 511: always encodable.
+        let imm = rsp.encode().unwrap_or(0);
+        let completion = if invalidate_mode {
+            let mut bytes = [0u8; RkeyRsp::LEN];
+            let _ = RkeyRsp {
+                buf_id: chunk,
+                rkey,
+            }
+            .emit(&mut bytes);
+            let offset = u32::from(chunk) * RkeyRsp::LEN as u32;
+            if self.ports[port]
+                .write(rkey_buffer.handle, offset, &bytes)
+                .is_err()
+            {
+                self.begin_close(path, CloseReason::PostFailed, now);
+                return;
+            }
+            SendOp::Send {
+                sgl: Sgl::single(rkey_buffer.sge(offset, RkeyRsp::LEN as u32)),
+                imm: Some(imm),
+            }
+        } else {
+            SendOp::RdmaWrite {
+                sgl: Sgl::new(),
+                remote_addr: 0,
+                rkey: Rkey(0),
+                imm: Some(imm),
+            }
+        };
+        let _ = wrs.push(SendWr {
+            wr_id: wr_id(WrKind::IoResponse, id, chunk),
+            signaled: true,
+            op: completion,
+        });
+        match self.ports[port].post_send(conn, &wrs) {
+            Ok(()) => {
+                let is_read = read.is_some();
+                let errno = response.errno;
+                let slot = &mut self.paths[index];
+                let chunk_slot = &mut slot.chunks[usize::from(chunk)];
+                chunk_slot.state = IoState::Idle;
+                chunk_slot.sends_in_flight += 1;
+                let session = usize::from(slot.session);
+                for stats in [&mut slot.stats, &mut self.sessions[session].stats] {
+                    if errno != 0 {
+                        stats.errors += 1;
+                    } else if is_read {
+                        stats.reads += 1;
+                        stats.read_bytes += u64::from(read_bytes);
+                    } else {
+                        stats.writes += 1;
+                    }
+                }
+            }
+            Err(PostError::QueueFull) => {
+                self.paths[index].chunks[usize::from(chunk)].state =
+                    IoState::WaitingForSendQueue(response);
+                self.pending = true;
+            }
+            Err(_) => self.begin_close(path, CloseReason::PostFailed, now),
+        }
+    }
+
+    pub(super) fn response_done(&mut self, path: u16, chunk: u16, now: u64) {
+        let index = usize::from(path);
+        let Some(slot) = self.paths[index].chunks.get_mut(usize::from(chunk)) else {
+            return;
+        };
+        slot.sends_in_flight = slot.sends_in_flight.saturating_sub(1);
+        if matches!(slot.state, IoState::WaitingForPreviousCompletion(_)) {
+            self.try_respond(path, chunk, now);
+        }
+    }
+}

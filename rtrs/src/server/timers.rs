@@ -1,0 +1,135 @@
+//! Timed and parked work: heartbeats (rtrs.md §5), setup and close
+//! deadlines, responses and acks waiting for send-queue room.
+
+use super::*;
+
+impl<V: Verbs> Server<V> {
+    // ----- heartbeats and parked work ------------------------------------------
+
+    pub(super) fn send_heartbeat_ack(&mut self, path: u16) {
+        let port = self.port_of(path);
+        let index = usize::from(path);
+        let id = self.path_id(path);
+        let Some(conn) = self.paths[index].conns.first().copied().flatten() else {
+            return;
+        };
+        let wr = heartbeat_wr(id, Imm::HbAck);
+        match self.ports[port].post_send(conn, &[wr]) {
+            Ok(()) => {
+                let slot = &mut self.paths[index];
+                slot.ack_pending = false;
+                slot.stats.heartbeats_acked += 1;
+            }
+            Err(_) => self.pending = true,
+        }
+    }
+
+    pub(super) fn run_timers_and_parked(&mut self, now: u64) -> bool {
+        let mut busy = false;
+        let was_pending = core::mem::replace(&mut self.pending, false);
+        for index in 0..self.paths.len() {
+            let path = index as u16;
+            match self.paths[index].state {
+                PathState::Connected => {
+                    if was_pending {
+                        busy |= self.retry_parked(path, now);
+                    }
+                    if now >= self.paths[index].heartbeat_next && self.event_room() {
+                        busy = true;
+                        self.heartbeat_tick(path, now);
+                    }
+                }
+                PathState::Connecting if now >= self.paths[index].setup_deadline => {
+                    busy = true;
+                    self.begin_close(path, CloseReason::SetupTimeout, now);
+                    self.maybe_free_path(path);
+                }
+                PathState::Closing { deadline } => {
+                    if now >= deadline {
+                        for cid in 0..self.paths[index].conns.len() {
+                            if let Some(conn) = self.paths[index].conns[cid] {
+                                self.detach_conn(path, conn);
+                            }
+                        }
+                    }
+                    // Otherwise a closing path advances on its CM events and
+                    // the consumer's answers, or at the deadline: no spinning.
+                    self.maybe_free_path(path);
+                    if self.paths[index].state == PathState::Free {
+                        busy = true;
+                    }
+                }
+                _ => {}
+            }
+        }
+        busy
+    }
+
+    pub(super) fn retry_parked(&mut self, path: u16, now: u64) -> bool {
+        let index = usize::from(path);
+        let mut busy = false;
+        if self.paths[index].ack_pending {
+            self.send_heartbeat_ack(path);
+            busy = true;
+        }
+        for chunk in 0..self.paths[index].chunks.len() {
+            if !matches!(self.paths[index].state, PathState::Connected) {
+                break;
+            }
+            match self.paths[index].chunks[chunk].state {
+                IoState::WaitingForSendQueue(_) | IoState::WaitingForPreviousCompletion(_) => {
+                    busy = true;
+                    self.try_respond(path, chunk as u16, now);
+                }
+                IoState::WaitingForSendQueueToInvalidate { .. } => {
+                    busy = true;
+                    self.try_invalidate(path, chunk as u16, now);
+                }
+                _ => {}
+            }
+        }
+        busy
+    }
+
+    /// rtrs.md §5: one outstanding heartbeat; dead after `missed_max`.
+    pub(super) fn heartbeat_tick(&mut self, path: u16, now: u64) {
+        let port = self.port_of(path);
+        let index = usize::from(path);
+        let max = self.config.heartbeat_missed_max;
+        let slot = &mut self.paths[index];
+        slot.heartbeat_next = now.saturating_add(self.config.heartbeat_interval_ns);
+        if slot.heartbeat_missed > max {
+            self.begin_close(path, CloseReason::HeartbeatTimeout, now);
+            return;
+        }
+        if slot.heartbeat_missed > 0 {
+            slot.heartbeat_missed += 1;
+            return;
+        }
+        slot.heartbeat_missed = 1;
+        let id = self.path_id(path);
+        let Some(conn) = self.paths[index].conns.first().copied().flatten() else {
+            return;
+        };
+        if self.ports[port]
+            .post_send(conn, &[heartbeat_wr(id, Imm::HbMsg)])
+            .is_ok()
+        {
+            self.paths[index].stats.heartbeats_sent += 1;
+        }
+    }
+}
+
+/// A zero-length RDMA WRITE WITH IMM, VA 0, rkey 0 (rtrs.md §1).
+pub(super) fn heartbeat_wr(path: PathId, imm: Imm) -> SendWr {
+    SendWr {
+        wr_id: wr_id(WrKind::SendHeartbeat, path, 0),
+        signaled: true,
+        op: SendOp::RdmaWrite {
+            sgl: Sgl::new(),
+            remote_addr: 0,
+            rkey: Rkey(0),
+            imm: Some(imm.encode().unwrap_or(0)),
+        },
+    }
+}
