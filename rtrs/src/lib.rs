@@ -21,5 +21,6 @@
 #![warn(missing_docs)]
 
 pub mod client;
+mod link;
 pub mod server;
 pub mod wire;

@@ -13,7 +13,7 @@ use std::cell::Cell;
 
 use client_support::*;
 use rtrs::client::{ClientIo, Direction, Event, ReadBuffer};
-use rtrs::server::Event as ServerEvent;
+use rtrs::server::{AdmitAll, Event as ServerEvent};
 use verbs::{AccessFlags, Memory, Sge, Sgl};
 
 counting_allocator!(PROVIDER_DEPTH);
@@ -23,7 +23,7 @@ fn settle(pair: &mut Pair) {
     for _ in 0..1000 {
         let now = pair.now;
         let mut busy = armed(|| pair.client.poll(now));
-        busy |= pair.server.poll(now);
+        busy |= pair.server.poll(now, &mut AdmitAll);
         busy |= pair.fabric.run();
         while let Some(event) = pair.server.next_event() {
             busy = true;

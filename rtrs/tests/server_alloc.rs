@@ -10,7 +10,7 @@ mod counting_alloc;
 
 use std::cell::Cell;
 
-use rtrs::server::{Event, ReadData};
+use rtrs::server::{AdmitAll, Event, ReadData};
 use server_support::*;
 use verbs::Rkey;
 
@@ -21,7 +21,7 @@ fn round(h: &mut Harness, path: &mut ClientPath, events: &mut Vec<Event>, chunk:
     path.read(h, 0, (chunk + 1) % 8, &[3; 32], 4096, Rkey(0x77), true);
     for _ in 0..4 {
         let now = h.now;
-        armed(|| while h.server.poll(now) {});
+        armed(|| while h.server.poll(now, &mut AdmitAll) {});
         h.mock().complete_sends();
     }
     armed(|| {
@@ -36,7 +36,7 @@ fn round(h: &mut Harness, path: &mut ClientPath, events: &mut Vec<Event>, chunk:
         }
     }
     let now = h.now;
-    armed(|| while h.server.poll(now) {});
+    armed(|| while h.server.poll(now, &mut AdmitAll) {});
     // Track the new rkeys (client side, not counted).
     let sends = h.mock().sends.clone();
     for (_, wr) in sends.iter().rev().take(8) {
@@ -49,7 +49,7 @@ fn round(h: &mut Harness, path: &mut ClientPath, events: &mut Vec<Event>, chunk:
     h.mock().complete_sends();
     h.now += SECOND;
     let now = h.now;
-    armed(|| while h.server.poll(now) {});
+    armed(|| while h.server.poll(now, &mut AdmitAll) {});
     h.mock().deliver_imm(path.conns[0], 0x9000_0000); // HB_ACK keeps it alive
 }
 

@@ -60,9 +60,12 @@ fn replay(name: &str) -> usize {
         assert_eq!(rsp.max_io_size, 126_976);
         assert_eq!(rsp.max_hdr_size, 4096);
     }
-    // One session, one path, every connection of it.
+    // One half-open path with every connection of it, and no session yet:
+    // the INFO_REQ (not replayed) is what gets it admitted. The path holds
+    // its INFO_REQ receive buffer, not a chunk pool.
     let usage = h.server.usage();
-    assert_eq!((usage.sessions, usage.paths), (1, 1));
+    assert_eq!((usage.sessions, usage.paths), (0, 1));
+    assert_eq!(usage.buffers, 1, "only the INFO_REQ buffer before INFO_REQ");
     assert_eq!(usage.connections, reqs.len());
     reqs.len()
 }

@@ -3,7 +3,7 @@
 
 mod server_support;
 
-use rtrs::server::{errno, CloseReason, Event, ReadData, ServerConfig, Usage};
+use rtrs::server::{errno, CloseReason, Event, PathRefusal, ReadData, ServerConfig, Usage};
 use rtrs::wire::{ConnRsp, ConnRspFlags};
 use server_support::*;
 use verbs::CmEvent;
@@ -60,23 +60,22 @@ fn limits_are_enforced() {
     let mut h = Harness::new(small_config()); // 2 sessions, 2 paths, 4 cids
     let conn = h.request(&con_req(0, 5, 1, 1, 1));
     assert_eq!(h.reject_errno(conn), Some(-104), "cid_num above the limit");
-    let conn = h_request(&mut h, 1, 1);
-    assert!(h.was_accepted(conn));
-    let conn = h_request(&mut h, 2, 2);
-    assert!(h.was_accepted(conn));
+    // Sessions count once admitted: two open ones fill the table.
+    let _a = ClientPath::open(&mut h, 1, 1, 1, "one");
+    let _b = ClientPath::open(&mut h, 1, 2, 2, "two");
     let conn = h_request(&mut h, 3, 3);
     assert_eq!(
         h.reject_errno(conn),
         Some(-(errno::ENOMEM as i16)),
         "3rd session"
     );
-    // Paths per session.
+    // Paths per session: the up one and a half-open one.
     let conn = h_request(&mut h, 4, 1);
     assert!(h.was_accepted(conn));
     let conn = h_request(&mut h, 5, 1);
     assert_eq!(h.reject_errno(conn), Some(-12), "3rd path");
     // A duplicate cid of a connecting path.
-    let conn = h.request(&con_req(0, 1, 1, 1, 1));
+    let conn = h.request(&con_req(0, 1, 4, 1, 1));
     assert_eq!(h.reject_errno(conn), Some(-104));
     // Unknown session without first_conn: ENXIO.
     let mut req = con_req(0, 1, 9, 9, 1);
@@ -90,14 +89,37 @@ fn h_request(h: &mut Harness, path: u8, session: u8) -> verbs::ConnId {
 }
 
 #[test]
-fn pool_exhaustion_rejects() {
+fn pool_exhaustion_refuses_the_path_at_info_req() {
     // Room for one path's chunks only.
     let mut h = Harness::with_pool(small_config(), 200 * 1024);
-    let conn = h_request(&mut h, 1, 1);
-    assert!(h.was_accepted(conn));
+    let _a = ClientPath::open(&mut h, 1, 1, 1, "one");
+    let held = h.mock().arena.buffers();
+    // A CON_REQ costs no chunk pool: the second session's is accepted...
     let conn = h_request(&mut h, 2, 2);
-    assert_eq!(h.reject_errno(conn), Some(-12));
+    assert!(h.was_accepted(conn));
+    h.drain_events();
+    // ...and its INFO_REQ finds no room: the path is closed, and no
+    // session was made.
+    h.info_req(conn, "two");
+    let events = h.drain_events();
+    assert!(
+        events.iter().any(|e| matches!(
+            e,
+            Event::PathRefused {
+                reason: PathRefusal::OutOfMemory,
+                ..
+            }
+        )),
+        "{events:?}"
+    );
+    assert!(!events
+        .iter()
+        .any(|e| matches!(e, Event::SessionOpened { .. })));
+    assert!(h.mock().disconnected.contains(&conn));
+    h.drain();
     assert_eq!(h.server.usage().sessions, 1, "no half-made session left");
+    assert_eq!(h.server.usage().paths, 1);
+    assert_eq!(h.mock().arena.buffers(), held, "the partial pool is back");
 }
 
 #[test]
@@ -132,15 +154,37 @@ fn session_name_of_another_session_is_refused() {
 }
 
 #[test]
-fn reconnect_with_higher_recon_cnt_replaces_the_stale_path() {
+fn reconnect_replaces_only_a_stale_path_of_its_own_address() {
     let mut h = Harness::new(small_config());
     let old = ClientPath::open_recon(&mut h, 2, 1, 1, "sess", 1);
     h.drain_events();
+    h.mock().complete_sends();
+    h.settle();
     // Same recon_cnt while up: refused (the Linux behaviour).
     let conn = h.request(&con_req(0, 2, 1, 1, 1));
     assert_eq!(h.reject_errno(conn), Some(-104));
-    // The client gave up the old path (e.g. our side missed its death).
-    let new = ClientPath::open_recon(&mut h, 2, 1, 1, "sess", 2);
+    assert_eq!(h.server.stats().takeovers_refused, 0);
+    // A newer recon_cnt while the path is fresh (it answered within the
+    // last heartbeat interval): refused, the path stays.
+    let conn = h.request(&con_req(0, 2, 1, 1, 2));
+    assert_eq!(h.reject_errno(conn), Some(-104));
+    assert_eq!(h.server.stats().takeovers_refused, 1);
+    // The path goes silent: a heartbeat out, a whole interval unanswered.
+    let interval = h.server.config().heartbeat_interval_ns;
+    for _ in 0..2 {
+        h.now += interval;
+        h.settle();
+    }
+    h.mock().complete_sends();
+    h.settle();
+    // Stale now, but another address presents its uuids: refused.
+    let intruder = std::net::Ipv4Addr::new(10, 9, 9, 9);
+    let conn = h.request_from(intruder, &con_req(0, 2, 1, 1, 3));
+    assert_eq!(h.reject_errno(conn), Some(-104));
+    assert_eq!(h.server.stats().takeovers_refused, 2);
+    assert!(h.drain_events().is_empty(), "the path is untouched");
+    // Its own client, after giving the old path up: replaced.
+    let new = ClientPath::open_recon(&mut h, 2, 1, 1, "sess", 4);
     let events = h.drain_events();
     assert!(
         events.iter().any(|e| matches!(
@@ -155,16 +199,15 @@ fn reconnect_with_higher_recon_cnt_replaces_the_stale_path() {
     assert!(events.iter().any(|e| matches!(e, Event::PathUp { .. })));
     assert!(h.mock().disconnected.contains(&old.conns[0]));
     assert!(h.mock().disconnected.contains(&old.conns[1]));
+    assert_eq!(h.server.stats().paths_replaced, 1);
+    h.drain();
     assert_eq!(h.server.usage().paths, 1, "stale path freed");
+    // Replacing the only path up closed the session; the new path opened
+    // a new one.
     assert_eq!(h.server.usage().sessions, 1);
-    let session = events
+    assert!(events
         .iter()
-        .find_map(|e| match e {
-            Event::PathUp { session, .. } => Some(*session),
-            _ => None,
-        })
-        .unwrap();
-    assert_eq!(h.server.session_stats(session).unwrap().reconnects, 1);
+        .any(|e| matches!(e, Event::SessionClosed { .. })));
     // IO works on the new path.
     new.write(&mut h, 1, 0, &[1; 8], &[2; 8]);
     assert!(next_io(&mut h).is_some());

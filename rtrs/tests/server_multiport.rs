@@ -22,7 +22,8 @@ use rtrs::client::{
     PathStatus, ReadBuffer,
 };
 use rtrs::server::{
-    errno, CloseReason, ConfigError, Event, IoDirection, ReadData, Server, ServerConfig, Usage,
+    errno, AdmitAll, CloseReason, ConfigError, Event, IoDirection, ReadData, Server, ServerConfig,
+    Usage,
 };
 use rtrs::wire::{ConnReq, ConnRsp, InfoReq, Uuid};
 use server_support::{small_config, MockVerbs, PROVIDER_DEPTH};
@@ -278,7 +279,7 @@ impl World {
     fn round(&mut self) -> bool {
         let now = self.now;
         let mut busy = self.client.poll(now);
-        busy |= self.server.poll(now);
+        busy |= self.server.poll(now, &mut AdmitAll);
         while let Some(event) = self.server.next_event() {
             busy = true;
             if matches!(event, Event::Io { .. }) {
@@ -671,7 +672,7 @@ fn request(server: &mut Server<MockVerbs>, port: usize, conn: u32, private_data:
 fn poll(server: &mut Server<MockVerbs>, now: u64) {
     armed(|| {
         for _ in 0..16 {
-            server.poll(now);
+            server.poll(now, &mut AdmitAll);
         }
     });
 }
@@ -725,8 +726,9 @@ fn a_path_stays_on_its_port_and_unknown_sessions_are_refused_on_both() {
     // on port 1; ConnId 100 there is a different connection from port 0's.
     request(&mut server, 1, 101, &req(0, 1, 2, 5, false));
     assert!(accepted(&server, 1, 101));
+    // Both paths half-open: no session until an INFO_REQ is admitted.
     let usage = server.usage();
-    assert_eq!((usage.sessions, usage.paths, usage.connections), (1, 2, 3));
+    assert_eq!((usage.sessions, usage.paths, usage.connections), (0, 2, 3));
 
     // INFO_REQ on both paths: both come up, on their ports.
     let mut info = vec![0u8; InfoReq::LEN];
@@ -829,21 +831,21 @@ fn poll_budgets_are_totals_shared_round_robin_between_ports() {
     let rejected =
         |server: &Server<MockVerbs>| [0, 1].map(|port| server.port(port).unwrap().rejected.len());
     // A budget of 2 in total, one per port: neither port starves.
-    assert!(server.poll(1));
+    assert!(server.poll(1, &mut AdmitAll));
     assert_eq!(rejected(&server), [1, 1]);
-    assert!(server.poll(1));
+    assert!(server.poll(1, &mut AdmitAll));
     assert_eq!(rejected(&server), [2, 2]);
-    assert!(server.poll(1));
+    assert!(server.poll(1, &mut AdmitAll));
     assert_eq!(rejected(&server), [3, 3]);
     // Port 1 alone keeps the whole budget; the starting port rotates.
     for conn in 3..6 {
         malformed_request(&mut server, 1, conn);
     }
-    assert!(server.poll(1));
+    assert!(server.poll(1, &mut AdmitAll));
     assert_eq!(rejected(&server), [3, 5]);
-    assert!(server.poll(1));
+    assert!(server.poll(1, &mut AdmitAll));
     assert_eq!(rejected(&server), [3, 6]);
-    assert!(!server.poll(1));
+    assert!(!server.poll(1, &mut AdmitAll));
     assert_eq!(server.stats().rejected, 9);
     assert_eq!(server.usage(), Usage::default());
 }

@@ -86,7 +86,8 @@ use rnbd::wire::RtrsDirection;
 use roce::hca::{Hca, HcaConfig, LinkMode};
 use roce::types::Mtu;
 use rtrs::server::{
-    Event, IoDirection, IoToken, PathId, ReadData, Server, ServerConfig, SessionId,
+    Admission, Event, IoDirection, IoToken, PathId, PathRefusal, PathRequest, ReadData, Server,
+    ServerConfig, SessionId,
 };
 use verbs::{KeySource, Memory, MemoryHandle};
 
@@ -114,8 +115,9 @@ pub const RAM_QUEUE: usize = 1024;
 const MAX_USER_HEADER: usize = 1024;
 /// Frames of ICMP echo replies held per interface.
 const ICMP_REPLY_LEN: usize = 1514;
-/// Deferred CLOSE answers held at once.
-const MAX_DEFERRED: usize = 64;
+/// Deferred CLOSE answers one session may hold at once; the table holds
+/// this many for every session entry, so no session can use up another's.
+const MAX_DEFERRED_PER_SESSION: usize = 16;
 /// Device completions handled per volume per poll.
 const COMPLETION_BURST: usize = 64;
 /// Largest discard advertised, in 512-byte sectors (8 MiB: a RAM volume
@@ -338,8 +340,11 @@ struct Interface {
 struct SessionEntry {
     id: SessionId,
     name: String,
+    /// The client address of the session's first path (statistics).
     source: Option<Ipv4Addr>,
-    paths: heapless::Vec<PathId, 8>,
+    /// The paths up and each one's client address: a request is checked
+    /// against the access rules with the address of the path it came on.
+    paths: heapless::Vec<(PathId, Ipv4Addr), 8>,
     rnbd: rnbd::server::Session,
     /// RTRS closed the session; the entry stays until its IO drains.
     closed: bool,
@@ -347,9 +352,10 @@ struct SessionEntry {
     in_flight: u32,
 }
 
-/// A deferred CLOSE: its tag and the request to answer.
+/// A deferred CLOSE: its session, its tag and the request to answer.
 #[derive(Clone, Copy)]
 struct Deferred {
+    session: SessionId,
     tag: u32,
     token: IoToken,
 }
@@ -405,6 +411,22 @@ impl<D> Exports for SessionExports<'_, '_, D> {
             volume: served.info,
             grant,
         })
+    }
+}
+
+/// The manifest's access rules as the RTRS server's admission hook: a
+/// path may carry a session only if some rule admits the session name from
+/// the path's client address (IPv4; the HCA speaks nothing else).
+struct AccessRules<'e, 'm> {
+    manifest: &'e Manifest<'m>,
+}
+
+impl Admission for AccessRules<'_, '_> {
+    fn admit(&mut self, path: &PathRequest<'_>) -> bool {
+        match path.remote.ip() {
+            IpAddr::V4(source) => self.manifest.admits(path.name, source),
+            IpAddr::V6(_) => false,
+        }
     }
 }
 
@@ -644,7 +666,7 @@ impl<'m, K: KeySource, D: BlockDevice<Chunk>> Engine<'m, K, D> {
             sessions: Vec::with_capacity(session_capacity),
             session_capacity,
             volumes,
-            deferred: Vec::with_capacity(MAX_DEFERRED),
+            deferred: Vec::with_capacity(session_capacity * MAX_DEFERRED_PER_SESSION),
             pending,
             free_pending,
             next_tag: 0,
@@ -768,7 +790,12 @@ impl<'m, K: KeySource, D: BlockDevice<Chunk>> Engine<'m, K, D> {
     /// each). Returns whether anything happened; if not, sleep until
     /// [`poll_at`](Self::poll_at), a frame or a volume descriptor.
     pub fn poll<T: Transmit + ?Sized>(&mut self, now: u64, sink: &mut T) -> bool {
-        let mut busy = self.server.poll(now);
+        let mut busy = self.server.poll(
+            now,
+            &mut AccessRules {
+                manifest: &self.manifest,
+            },
+        );
         while let Some(event) = self.server.next_event() {
             busy = true;
             self.handle_event(event, now);
@@ -893,36 +920,50 @@ impl<'m, K: KeySource, D: BlockDevice<Chunk>> Engine<'m, K, D> {
                 remote,
                 port,
             } => {
-                let Some(index) = self.session_index(session) else {
+                // The server asked the access rules before the path came up
+                // (`AccessRules`); an address that is not IPv4 was refused.
+                let (Some(index), Some(IpAddr::V4(source))) =
+                    (self.session_index(session), remote.map(|r| r.ip()))
+                else {
                     self.server.close_path(path, now);
                     return;
-                };
-                let source = match remote.map(|r| r.ip()) {
-                    Some(IpAddr::V4(ip)) => Some(ip),
-                    _ => None,
                 };
                 let entry = &mut self.sessions[index];
-                if entry.source.is_none() {
-                    entry.source = source;
-                }
-                if entry.paths.push(path).is_err() {
+                if entry.paths.push((path, source)).is_err() {
                     self.server.close_path(path, now);
                     return;
                 }
-                let name = self.sessions[index].name.clone();
-                let admitted = source.is_some_and(|ip| self.manifest.admits(&name, ip));
-                let shown = source.unwrap_or(Ipv4Addr::UNSPECIFIED);
-                let interface: String = self.interface_name(port).into();
+                entry.source.get_or_insert(source);
+                let interface = self.interfaces.get(port).map_or("?", |i| i.name.as_str());
                 log!(
                     self,
-                    "path up: session {name:?} from {shown} on {interface} ({} paths)",
+                    "path up: session {:?} from {source} on {interface} ({} paths)",
+                    self.sessions[index].name,
                     self.sessions[index].paths.len()
                 );
-                if !admitted {
-                    log!(self,
-                        "refuse: session {name:?} from {shown}: no access rule admits it; its OPENs get EACCES"
-                    );
-                }
+            }
+            Event::PathRefused {
+                name,
+                remote,
+                port,
+                reason,
+            } => {
+                let shown = remote.map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |r| r.ip());
+                let interface = self.interfaces.get(port).map_or("?", |i| i.name.as_str());
+                log!(
+                    self,
+                    "refuse: session {name:?} from {shown} on {interface}: {}",
+                    match reason {
+                        PathRefusal::NotAdmitted => "no access rule admits it",
+                        PathRefusal::NameInUse => "the name is another session's",
+                        PathRefusal::NameMismatch => "the name differs from its session's",
+                        PathRefusal::NoSession => "no such session",
+                        PathRefusal::TooManySessions => "session table full",
+                        PathRefusal::TooManyPaths => "the session has its paths",
+                        PathRefusal::OutOfMemory => "no memory for its chunks",
+                        _ => "refused",
+                    }
+                );
             }
             Event::PathDown {
                 session,
@@ -930,7 +971,7 @@ impl<'m, K: KeySource, D: BlockDevice<Chunk>> Engine<'m, K, D> {
                 reason,
             } => {
                 if let Some(index) = self.session_index(session) {
-                    self.sessions[index].paths.retain(|p| *p != path);
+                    self.sessions[index].paths.retain(|(p, _)| *p != path);
                     let name = self.sessions[index].name.clone();
                     log!(self, "path down: session {name:?}: {reason:?}");
                 }
@@ -1035,7 +1076,13 @@ impl<'m, K: KeySource, D: BlockDevice<Chunk>> Engine<'m, K, D> {
             manifest,
             volumes,
             session: &entry.name,
-            source: entry.source.unwrap_or(Ipv4Addr::UNSPECIFIED),
+            // The address of the path this request came on (every path was
+            // admitted with its own); unknown paths match no rule.
+            source: entry
+                .paths
+                .iter()
+                .find(|(path, _)| *path == token.path)
+                .map_or(Ipv4Addr::UNSPECIFIED, |(_, source)| *source),
         };
         let action = server.port_mut(port).map(|hca| {
             hca.with_slice_mut(data, 0, data.len(), |response| {
@@ -1113,11 +1160,21 @@ impl<'m, K: KeySource, D: BlockDevice<Chunk>> Engine<'m, K, D> {
                 );
             }
             Action::CloseDeferred => {
-                if self.deferred.len() < MAX_DEFERRED {
-                    self.deferred.push(Deferred { tag, token });
+                let held = self
+                    .deferred
+                    .iter()
+                    .filter(|d| d.session == session)
+                    .count();
+                if held < MAX_DEFERRED_PER_SESSION && self.deferred.len() < self.deferred.capacity()
+                {
+                    self.deferred.push(Deferred {
+                        session,
+                        tag,
+                        token,
+                    });
                 } else {
-                    // No room to hold it: answer now (the device is gone
-                    // for the client either way).
+                    // This session holds its share: answer now (the device
+                    // is gone for the client either way).
                     self.answer(token, 0, now);
                 }
             }
@@ -1234,7 +1291,11 @@ impl<'m, K: KeySource, D: BlockDevice<Chunk>> Engine<'m, K, D> {
         let completion = self.rnbd.complete(&mut entry.rnbd, pending.ticket, result);
         self.answer(pending.token, completion.status, now);
         if let Some(close_tag) = completion.close_done {
-            if let Some(at) = self.deferred.iter().position(|d| d.tag == close_tag) {
+            if let Some(at) = self
+                .deferred
+                .iter()
+                .position(|d| d.session == pending.session && d.tag == close_tag)
+            {
                 let deferred = self.deferred.swap_remove(at);
                 self.answer(deferred.token, 0, now);
             }
@@ -1321,7 +1382,7 @@ impl<K: KeySource, D: BlockDevice<Chunk>> fmt::Display for StatsReport<'_, '_, K
                 write!(f, " rtrs_errors {} reconnects {}", rt.errors, rt.reconnects)?;
             }
             writeln!(f)?;
-            for path in &entry.paths {
+            for (path, _) in &entry.paths {
                 if let Some(p) = server.path_stats(*path) {
                     let on = server
                         .path_port(*path)

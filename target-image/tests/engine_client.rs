@@ -3,12 +3,13 @@
 //! joined by an in-memory Ethernet link under a fake clock (the harness is
 //! `common`). Covers session setup, SESS_INFO, OPEN, byte-exact 4 KiB and
 //! 128 KiB writes and reads, a read-only open refusing writes, an unknown
-//! volume, and a session name the access list refuses.
+//! volume, and a session name the access list refuses (closed at INFO_REQ).
 
 mod common;
 
 use common::{pattern, with_world, Fabric, World};
 use rnbd::wire::AccessMode;
+use rtrs::client::PathError;
 
 const MANIFEST: &str = r#"
 [target]
@@ -103,13 +104,17 @@ fn read_only_open_refuses_writes_and_unknown_volume() {
     });
 }
 
-/// A session name no access rule matches gets EACCES for its OPEN.
+/// A session name no access rule matches never gets a session: its path
+/// is closed at INFO_REQ, and the engine holds nothing of it.
 #[test]
 fn session_name_refused_by_access_list() {
-    with_client("other", |world, c| {
-        assert_eq!(
-            world.open(c, 1, "vol0", AccessMode::ReadWrite).unwrap_err(),
-            rnbd::errno::EACCES
-        );
+    with_world(MANIFEST, |world| {
+        let c = world.add_client(2, 16, 7);
+        assert_eq!(world.connect(c, "other", 1), Err(PathError::Disconnected));
+        assert!(world.engine.rtrs(0).unwrap().stats().paths_refused >= 1);
+        assert!(world.log_count("refuse: session \"other\"") >= 1);
+        assert_eq!(world.log_count("session \"other\" opened"), 0);
+        world.close_session(c);
+        world.run_until("nothing held", |w| w.engine.is_idle());
     });
 }

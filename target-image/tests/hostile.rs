@@ -454,26 +454,43 @@ fn case_session_uuid_collision(world: &mut World<'_>) {
 }
 
 /// rnbd.md §8.1 #7: a path that connects cid 0 of two and never finishes
-/// (no cid 1, no INFO_REQ) holds a session slot and a chunk pool; with
-/// `max_sessions` = 2 it locks every other client out (-ENOMEM). The engine
-/// must time it out (rnbd.md: "for example 30 s, matching the client's")
-/// and free it, after which a new client gets in.
+/// (no cid 1, no INFO_REQ) holds its connection and nothing else: no
+/// session slot (`max_sessions` = 2, and another client still gets in) and
+/// no chunk pool. One address holds at most `max_half_open_per_source` of
+/// them (the next is refused with -ENOMEM), and each is closed at the
+/// short setup deadline, after which the engine holds nothing of them.
 fn case_half_open_path_times_out(world: &mut World<'_>) {
     let r = world.add_raw(25, 2525);
-    let private_data = con_req(0, 2, Uuid([0x25; 16]), Uuid([0x52; 16]));
-    world.raw_connect(r, &private_data).expect("cid 0 accepted");
+    let config = *world.engine.rtrs(0).unwrap().config();
+    let per_source = usize::from(config.max_half_open_per_source);
+    for n in 0..per_source {
+        let private_data = con_req(0, 2, Uuid([0x25 + n as u8; 16]), Uuid([0x52 + n as u8; 16]));
+        world.raw_connect(r, &private_data).expect("cid 0 accepted");
+    }
     let usage = world.engine.rtrs(0).unwrap().usage();
-    assert_eq!((usage.sessions, usage.paths), (2, 2), "{usage:?}");
-    let late = world.add_client(26, QUEUE_DEPTH, 26);
     assert_eq!(
-        world.connect(late, "s-late", 2),
-        Err(PathError::Rejected(-12))
+        (usage.sessions, usage.paths),
+        (1, 1 + per_source),
+        "{usage:?}"
     );
+    assert_eq!(
+        usage.buffers,
+        usize::from(QUEUE_DEPTH) + 3 + per_source,
+        "a half-open path holds its INFO_REQ buffer only: {usage:?}"
+    );
+    let private_data = con_req(0, 2, Uuid([0x7e; 16]), Uuid([0x7f; 16]));
+    match world.raw_connect(r, &private_data) {
+        Err(RawRefusal::Rejected(_, Some(rsp))) => assert_eq!(rsp.errno, -12),
+        other => panic!("one half-open path too many from one address: {other:?}"),
+    }
+    let late = world.add_client(26, QUEUE_DEPTH, 26);
+    world
+        .connect(late, "s-late", 2)
+        .expect("half-open paths hold no session slot");
     world.close_session(late);
     world.clients[late].alive = false;
 
-    let config = *world.engine.rtrs(0).unwrap().config();
-    let deadline = world.now + 2 * config.close_timeout_ns + 10 * SECOND;
+    let deadline = world.now + config.setup_timeout_ns + 2 * config.close_timeout_ns + SECOND;
     let freed = |w: &World<'_>| {
         let usage = w.engine.rtrs(0).unwrap().usage();
         (usage.sessions, usage.paths) == (1, 1)
@@ -484,16 +501,10 @@ fn case_half_open_path_times_out(world: &mut World<'_>) {
     }
     assert!(
         freed(world),
-        "the half-open path still holds a session {} s later: {:?}",
-        2 * config.close_timeout_ns / SECOND + 10,
+        "the half-open paths are still held {} s later: {:?}",
+        (deadline - world.now) / SECOND,
         world.engine.rtrs(0).unwrap().usage()
     );
-    let again = world.add_client(27, QUEUE_DEPTH, 27);
-    world
-        .connect(again, "s-again", 2)
-        .expect("a new client gets in");
-    world.close_session(again);
-    world.clients[again].alive = false;
     world.raws[r].alive = false;
 }
 
@@ -529,7 +540,8 @@ fn case_bad_info_reqs(world: &mut World<'_>) {
             "{name}"
         );
         world.run_until("back to the healthy session", |w| {
-            w.engine.rtrs(0).unwrap().usage().sessions == 1
+            let usage = w.engine.rtrs(0).unwrap().usage();
+            (usage.sessions, usage.paths) == (1, 1)
         });
         assert_only_healthy(world);
         world.raws[r].alive = false;
@@ -724,27 +736,22 @@ fn case_rnbd_violations(world: &mut World<'_>) {
     world.clients[c].alive = false;
 }
 
-/// A session name no access rule matches gets EACCES for every OPEN
-/// (rnbd.md §4.5), read-only or not.
+/// A session name no access rule matches never becomes a session: the
+/// path is closed at INFO_REQ (no INFO_RSP, rnbd.md §4.5), before the
+/// engine registers a chunk for it, and holds no slot or name afterwards.
 fn case_session_name_refused(world: &mut World<'_>) {
+    let refused = world.engine.rtrs(0).unwrap().stats().paths_refused;
     let c = world.add_client(31, QUEUE_DEPTH, 31);
-    world
-        .connect(c, "other", 2)
-        .expect("other session (RTRS admits it)");
     world.run_until("healthy IO in flight", |w| {
         w.workload_in_flight(HEALTHY) > 0
     });
-    for (tag, volume, mode) in [
-        (1, "vol0", AccessMode::ReadWrite),
-        (2, "vol0", AccessMode::ReadOnly),
-        (3, "vol2", AccessMode::ReadWrite),
-    ] {
-        assert_eq!(
-            world.open(c, tag, volume, mode).unwrap_err(),
-            rnbd::errno::EACCES,
-            "{volume} {mode:?}"
-        );
-    }
+    assert_eq!(
+        world.connect(c, "other", 2),
+        Err(PathError::Disconnected),
+        "the path is closed"
+    );
+    assert!(world.engine.rtrs(0).unwrap().stats().paths_refused > refused);
+    assert!(world.log_count("refuse: session \"other\"") > 0);
     world.close_session(c);
     world.clients[c].alive = false;
 }
@@ -869,10 +876,10 @@ fn rnbd_violations_get_their_errno() {
     hostile(case_rnbd_violations);
 }
 
-/// rnbd.md §4.5: a session the access list refuses gets EACCES; the healthy
-/// client is unaffected.
+/// rnbd.md §4.5: a session the access list refuses is closed at INFO_REQ;
+/// the healthy client is unaffected.
 #[test]
-fn refused_session_name_gets_eacces() {
+fn refused_session_name_is_closed_at_info_req() {
     hostile(case_session_name_refused);
 }
 

@@ -95,6 +95,7 @@ use verbs::{
     Verbs, WcOpcode, WcStatus, WorkCompletion, WrId,
 };
 
+use crate::link::{self, Beat, Heartbeat};
 use crate::wire::{
     BufferDesc, ConnReq, ConnRsp, ConnRspFlags, Imm, ImmLayout, InfoReq, InfoRsp, ReadFlags,
     ReadMsg, RkeyRsp, Uuid, WriteMsg, PATHNAME_LEN, VERSION,
@@ -405,22 +406,19 @@ enum PathState {
 }
 
 /// Work request kinds in the top byte of a `WrId`.
-const KIND_REQUEST: u64 = 1;
-const KIND_RECV: u64 = 2;
-const KIND_INFO_RSP: u64 = 3;
-const KIND_CONTROL: u64 = 4;
+const KIND_REQUEST: u8 = 1;
+const KIND_RECV: u8 = 2;
+const KIND_INFO_RSP: u8 = 3;
+const KIND_CONTROL: u8 = 4;
 
-fn wr_id(kind: u64, path: u16, cid: u16, low: u32) -> WrId {
-    WrId(kind << 56 | u64::from(path & 0xff) << 48 | u64::from(cid) << 32 | u64::from(low))
+/// A [`link::work_id`]: owner = `path:8 | cid:16`.
+fn wr_id(kind: u8, path: u16, cid: u16, low: u32) -> WrId {
+    link::work_id(kind, u32::from(path & 0xff) << 16 | u32::from(cid), low)
 }
 
-fn split_wr_id(id: WrId) -> (u64, u16, u16, u32) {
-    (
-        id.0 >> 56,
-        ((id.0 >> 48) & 0xff) as u16,
-        ((id.0 >> 32) & 0xffff) as u16,
-        id.0 as u32,
-    )
+fn split_wr_id(id: WrId) -> (u8, u16, u16, u32) {
+    let (kind, owner, low) = link::split_work_id(id);
+    (kind, (owner >> 16) as u16, owner as u16, low)
 }
 
 /// Bytes of one receive slot (`sizeof(rtrs_msg_rkey_rsp)`, rtrs.md §9).
@@ -444,8 +442,8 @@ struct PathSlot {
     max_hdr_size: u32,
     max_io_size: u32,
     new_rkey: bool,
-    missed: u32,
-    next_heartbeat: u64,
+    /// Liveness (rtrs.md §5), while connected.
+    heartbeat: Heartbeat,
     heartbeat_sent_at: u64,
     rr_cid: u16,
     attempts: u32,
@@ -575,8 +573,7 @@ impl<V: Verbs> Client<V> {
                 max_hdr_size: 0,
                 max_io_size: 0,
                 new_rkey: false,
-                missed: 0,
-                next_heartbeat: 0,
+                heartbeat: Heartbeat::default(),
                 heartbeat_sent_at: 0,
                 rr_cid: 0,
                 attempts: 0,
@@ -894,7 +891,7 @@ impl<V: Verbs> Client<V> {
     fn start_connect(&mut self, path: u16, now: u64) {
         let slot = &mut self.paths[usize::from(path)];
         slot.recon_cnt = slot.recon_cnt.wrapping_add(1);
-        slot.missed = 0;
+        slot.heartbeat.alive();
         for conn in slot.conns.iter_mut() {
             *conn = None;
         }
@@ -1143,8 +1140,7 @@ impl<V: Verbs> Client<V> {
         let interval = self.config.heartbeat_interval_ns;
         let slot = &mut self.paths[usize::from(path)];
         slot.state = PathState::Connected;
-        slot.missed = 0;
-        slot.next_heartbeat = now.saturating_add(interval);
+        slot.heartbeat.start(now, interval);
         slot.attempts = 0;
         if slot.ever_up {
             slot.stats.reconnects += 1;
@@ -1624,14 +1620,14 @@ impl<V: Verbs> Client<V> {
             KIND_REQUEST => self.send_done(path, low, now),
             KIND_CONTROL => {}
             KIND_INFO_RSP => {
-                self.paths[usize::from(path)].missed = 0;
+                self.paths[usize::from(path)].heartbeat.alive();
                 self.info_rsp(path, &wc, now);
             }
             KIND_RECV => {
                 if state != PathState::Connected {
                     return;
                 }
-                self.paths[usize::from(path)].missed = 0;
+                self.paths[usize::from(path)].heartbeat.alive();
                 self.receive(path, cid, low, &wc, now);
             }
             _ => {}
@@ -1714,16 +1710,7 @@ impl<V: Verbs> Client<V> {
         let Some(conn) = self.paths[usize::from(path)].conns[0] else {
             return;
         };
-        let wr = SendWr {
-            wr_id: wr_id(KIND_CONTROL, path, 0, 1),
-            signaled: true,
-            op: SendOp::RdmaWrite {
-                sgl: Sgl::new(),
-                remote_addr: 0,
-                rkey: verbs::Rkey(0),
-                imm: imm.encode().ok(),
-            },
-        };
+        let wr = link::heartbeat_wr(wr_id(KIND_CONTROL, path, 0, 1), imm);
         if self.verbs.post_send(conn, &[wr]).is_err() {
             self.fail_path(path, PathError::PostFailed, now);
             return;
@@ -1750,7 +1737,7 @@ impl<V: Verbs> Client<V> {
                 | PathState::WaitingForInfoRsp { deadline }
                 | PathState::Disconnecting { deadline, .. } => Some(deadline),
                 PathState::WaitingToReconnect { at } => Some(at),
-                PathState::Connected => Some(p.next_heartbeat),
+                PathState::Connected => Some(p.heartbeat.next()),
                 _ => None,
             })
             .min()
@@ -1810,7 +1797,7 @@ impl<V: Verbs> Client<V> {
                     busy = true;
                     self.paths[usize::from(path)].state = PathState::Pending;
                 }
-                PathState::Connected if now >= self.paths[usize::from(path)].next_heartbeat => {
+                PathState::Connected if now >= self.paths[usize::from(path)].heartbeat.next() => {
                     busy = true;
                     self.heartbeat_tick(path, now);
                 }
@@ -1826,15 +1813,13 @@ impl<V: Verbs> Client<V> {
     fn heartbeat_tick(&mut self, path: u16, now: u64) {
         let interval = self.config.heartbeat_interval_ns;
         let max = self.config.heartbeat_missed_max;
-        let slot = &mut self.paths[usize::from(path)];
-        slot.next_heartbeat = now.saturating_add(interval);
-        if slot.missed > max {
-            self.fail_path(path, PathError::HeartbeatTimeout, now);
-        } else if slot.missed > 0 {
-            slot.missed += 1;
-        } else {
-            slot.missed = 1;
-            self.send_heartbeat(path, Imm::HbMsg, now);
+        match self.paths[usize::from(path)]
+            .heartbeat
+            .tick(now, interval, max)
+        {
+            Beat::Dead => self.fail_path(path, PathError::HeartbeatTimeout, now),
+            Beat::Quiet => {}
+            Beat::Send => self.send_heartbeat(path, Imm::HbMsg, now),
         }
     }
 }

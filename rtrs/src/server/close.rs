@@ -46,9 +46,12 @@ impl<V: Verbs> Server<V> {
             }
         }
         self.stats.paths_closed += 1;
+        let Some(session) = session else {
+            return; // half-open: no session to tell
+        };
+        let session_id = self.session_id(session);
         if was_up {
             let path_id = self.path_id(path);
-            let session_id = self.session_id(session);
             self.push_event(Event::PathDown {
                 session: session_id,
                 path: path_id,
@@ -61,6 +64,12 @@ impl<V: Verbs> Server<V> {
                     session: session_id,
                 });
             }
+        }
+        // No path up: the session is over. It lingers, closed, until its
+        // paths have drained; a new path of its uuid starts a new session.
+        let slot = &mut self.sessions[usize::from(session)];
+        if slot.paths_up == 0 {
+            slot.open = false;
         }
     }
 
@@ -85,7 +94,8 @@ impl<V: Verbs> Server<V> {
         let slot = &mut self.paths[index];
         slot.state = PathState::Free;
         slot.generation = slot.generation.wrapping_add(1);
-        let session = slot.session;
-        self.maybe_free_session(session);
+        if let Some(session) = slot.session.take() {
+            self.maybe_free_session(session);
+        }
     }
 }

@@ -82,10 +82,12 @@ impl<V: Verbs> Server<V> {
         }
     }
 
-    /// Steps 1-5 of rtrs.md §2.4: find or create session and path. The
-    /// session is found by uuid whatever port the request came on; a new
-    /// path lives on `port`, and a path's further connections must come on
-    /// that port too.
+    /// Steps 1-5 of rtrs.md §2.4, without the memory: find the path a
+    /// CON_REQ belongs to or create a half-open one. The session is only
+    /// looked up here (by uuid, whatever port the request came on); it is
+    /// joined or created when the path's INFO_REQ is admitted
+    /// (admission.rs). A new path lives on `port`, and its further
+    /// connections must come on that port and from the same address.
     pub(super) fn admit(
         &mut self,
         port: usize,
@@ -97,100 +99,124 @@ impl<V: Verbs> Server<V> {
         if req.cid_num > self.config.max_connections_per_path {
             return Err(ConnectRefusal::TooManyConnections);
         }
-        let session = match self.find_session(req.session_uuid) {
-            Some(index) => index,
-            None if !req.first_conn => return Err(ConnectRefusal::NoSession),
-            None => self.create_session(req.session_uuid)?,
-        };
+        let source = addresses.1.ip();
         let existing = self.paths.iter().position(|p| {
-            p.session == session
-                && matches!(p.state, PathState::Connecting | PathState::Connected)
-                && p.uuid == req.path_uuid
+            p.is_live() && p.session_uuid == req.session_uuid && p.uuid == req.path_uuid
         });
-        let path = match existing {
-            Some(index) => {
-                let path = &self.paths[index];
-                let newer = is_newer(req.recon_cnt, path.recon_cnt);
-                if newer {
-                    // A reconnect: the client gave the old path up (rtrs.md §6.2).
-                    let index = index as u16;
-                    self.begin_close(index, CloseReason::Replaced, now);
-                    self.sessions[usize::from(session)].stats.reconnects += 1;
-                    self.maybe_free_path(index);
-                    self.create_path(port, session, &req, addresses, now)?
-                } else if path.state != PathState::Connecting {
-                    return Err(ConnectRefusal::PathStillUp);
-                } else if path.port != port
-                    || path.cid_num != req.cid_num
-                    || path
-                        .conns
-                        .get(usize::from(req.cid))
-                        .is_none_or(Option::is_some)
-                {
-                    return Err(ConnectRefusal::ConnectionMismatch);
-                } else {
-                    index as u16
+        // The session is known if open, or if a half-open path asks for it
+        // (Linux creates the session at the first CON_REQ, so a second path
+        // with `first_conn = 0` finds it; here either path may create it
+        // at INFO_REQ, whichever is admitted first).
+        let known = self.find_session(req.session_uuid).is_some()
+            || self
+                .paths
+                .iter()
+                .any(|p| p.state == PathState::Connecting && p.session_uuid == req.session_uuid);
+        let Some(index) = existing else {
+            if !known {
+                if !req.first_conn {
+                    return Err(ConnectRefusal::NoSession);
+                }
+                let open = self.sessions.iter().filter(|s| s.open).count();
+                if open >= usize::from(self.config.max_sessions) {
+                    return Err(ConnectRefusal::TooManySessions);
                 }
             }
-            None => {
-                let result = self.create_path(port, session, &req, addresses, now);
-                if result.is_err() {
-                    self.maybe_free_session(session);
-                }
-                result?
-            }
+            let path = self.create_path(port, &req, addresses, now)?;
+            self.paths[usize::from(path)].first_conn |= known;
+            return Ok((path, req.cid));
         };
-        Ok((path, req.cid))
+        let path = &self.paths[index];
+        if is_newer(req.recon_cnt, path.recon_cnt) {
+            // A reconnect: the client gave the old path up (rtrs.md §6.2).
+            // Only the path's own client may say so, and only when the old
+            // path shows it: half-open, or silent for a heartbeat interval.
+            let stale = path.state == PathState::Connecting || path.heartbeat.is_stale();
+            if path.source() != Some(source) || !stale {
+                self.stats.takeovers_refused += 1;
+                return Err(ConnectRefusal::PathStillUp);
+            }
+            let session = path.session;
+            let index = index as u16;
+            self.begin_close(index, CloseReason::Replaced, now);
+            self.stats.paths_replaced += 1;
+            if let Some(session) = session {
+                self.sessions[usize::from(session)].stats.reconnects += 1;
+            }
+            self.maybe_free_path(index);
+            let path = self.create_path(port, &req, addresses, now)?;
+            self.paths[usize::from(path)].first_conn |= known;
+            return Ok((path, req.cid));
+        }
+        if path.state != PathState::Connecting {
+            return Err(ConnectRefusal::PathStillUp);
+        }
+        if path.port != port
+            || path.source() != Some(source)
+            || path.cid_num != req.cid_num
+            || path
+                .conns
+                .get(usize::from(req.cid))
+                .is_none_or(Option::is_some)
+        {
+            return Err(ConnectRefusal::ConnectionMismatch);
+        }
+        Ok((index as u16, req.cid))
     }
 
+    /// The open session with `uuid`.
     pub(super) fn find_session(&self, uuid: Uuid) -> Option<u16> {
         self.sessions
             .iter()
-            .position(|s| s.live && s.uuid == uuid)
+            .position(|s| s.live && s.open && s.uuid == uuid)
             .map(|i| i as u16)
     }
 
-    pub(super) fn create_session(&mut self, uuid: Uuid) -> Result<u16, ConnectRefusal> {
-        let index = self
-            .sessions
-            .iter()
-            .position(|s| !s.live)
-            .ok_or(ConnectRefusal::TooManySessions)?;
+    /// Takes a free session slot for a newly admitted session.
+    pub(super) fn create_session(&mut self, uuid: Uuid) -> Option<u16> {
+        let index = self.sessions.iter().position(|s| !s.live)?;
         let slot = &mut self.sessions[index];
         slot.live = true;
+        slot.open = true;
         slot.uuid = uuid;
         slot.generation = slot.generation.wrapping_add(1);
         slot.name.clear();
         slot.paths_up = 0;
         slot.stats = Stats::default();
-        Ok(index as u16)
+        Some(index as u16)
     }
 
+    /// Frees session slot `session` once no path belongs to it.
     pub(super) fn maybe_free_session(&mut self, session: u16) {
         let used = self
             .paths
             .iter()
-            .any(|p| p.state != PathState::Free && p.session == session);
+            .any(|p| p.state != PathState::Free && p.session == Some(session));
         if !used {
             let slot = &mut self.sessions[usize::from(session)];
             slot.live = false;
+            slot.open = false;
             slot.name.clear();
         }
     }
 
+    /// A new half-open path for `req` from `addresses`, within the path and
+    /// half-open limits: the oldest half-open path is evicted when
+    /// `max_half_open` are; a client address with
+    /// `max_half_open_per_source` is refused. It holds its INFO_REQ
+    /// receive buffer and, as they come, its connections; nothing else.
     pub(super) fn create_path(
         &mut self,
         port: usize,
-        session: u16,
         req: &ConnReq,
         addresses: (SocketAddr, SocketAddr),
         now: u64,
     ) -> Result<u16, ConnectRefusal> {
+        let uuid = req.session_uuid;
         let live = || {
-            self.paths.iter().filter(|p| {
-                p.session == session
-                    && matches!(p.state, PathState::Connecting | PathState::Connected)
-            })
+            self.paths
+                .iter()
+                .filter(move |p| p.is_live() && p.session_uuid == uuid)
         };
         // One path per (local, remote) address pair; ports differ per
         // connection, so only the addresses count (rtrs.md §2.4, §7).
@@ -200,9 +226,30 @@ impl<V: Verbs> Server<V> {
         if live().any(|p| p.addresses.is_some_and(same)) {
             return Err(ConnectRefusal::PathExists);
         }
-        let live = live().count();
-        if live >= usize::from(self.config.max_paths_per_session) {
+        if live().count() >= usize::from(self.config.max_paths_per_session) {
             return Err(ConnectRefusal::TooManyPaths);
+        }
+        let source = addresses.1.ip();
+        let half_open = || {
+            self.paths
+                .iter()
+                .filter(|p| p.state == PathState::Connecting)
+        };
+        let from_source = half_open().filter(|p| p.source() == Some(source)).count();
+        if from_source >= usize::from(self.config.max_half_open_per_source) {
+            self.stats.half_open_refused += 1;
+            return Err(ConnectRefusal::TooManyHalfOpen);
+        }
+        if half_open().count() >= usize::from(self.config.max_half_open) {
+            // The oldest half-open path has the earliest setup deadline.
+            let oldest = (0..self.paths.len())
+                .filter(|&i| self.paths[i].state == PathState::Connecting)
+                .min_by_key(|&i| self.paths[i].setup_deadline);
+            if let Some(oldest) = oldest {
+                self.stats.half_open_evicted += 1;
+                self.begin_close(oldest as u16, CloseReason::Evicted, now);
+                self.maybe_free_path(oldest as u16);
+            }
         }
         let index = self
             .paths
@@ -210,23 +257,15 @@ impl<V: Verbs> Server<V> {
             .position(|p| p.state == PathState::Free)
             .ok_or(ConnectRefusal::TooManyPaths)?;
         let path = &mut self.paths[index];
-        path.reset(
-            port,
-            session,
-            req,
-            now.saturating_add(self.config.setup_timeout_ns),
-        );
+        path.reset(port, req, now.saturating_add(self.config.setup_timeout_ns));
         path.addresses = Some(addresses);
-        if let Err(refusal) = self.allocate_pool(index) {
+        if let Err(refusal) = self.allocate_info_req(index) {
             self.release_pool(index);
             self.paths[index].state = PathState::Free;
             return Err(refusal);
         }
         Ok(index as u16)
     }
-
-    /// Allocates and registers the chunk pool and control buffers of a path
-    /// on the path's port.
 
     /// Steps 6-7 of rtrs.md §2.4.
     pub(super) fn accept(

@@ -5,7 +5,16 @@ use super::*;
 
 impl<V: Verbs> Server<V> {
     /// rtrs.md §3.2.
-    pub(super) fn handle_info_req(&mut self, path: u16, wc: WorkCompletion, now: u64) {
+    ///
+    /// The INFO_REQ is parsed and the path admitted (admission.rs) before
+    /// its chunk pool is allocated; a refused path is closed.
+    pub(super) fn handle_info_req(
+        &mut self,
+        path: u16,
+        wc: WorkCompletion,
+        now: u64,
+        admission: &mut dyn Admission,
+    ) {
         let port = self.port_of(path);
         let index = usize::from(path);
         let slot = &self.paths[index];
@@ -30,17 +39,24 @@ impl<V: Verbs> Server<V> {
             self.begin_close(path, CloseReason::ProtocolViolation, now);
             return;
         }
-        let session = slot.session;
-        // The name must not belong to another session (EPERM, rtrs.md §3.2).
-        let taken = self
-            .sessions
-            .iter()
-            .enumerate()
-            .any(|(i, s)| s.live && i != usize::from(session) && s.name == name);
-        let own = &self.sessions[usize::from(session)].name;
-        if taken || (!own.is_empty() && *own != name) {
-            self.begin_close(path, CloseReason::ProtocolViolation, now);
-            return;
+        let joins = match self.admit_path(path, &name, admission) {
+            Ok(joins) => joins,
+            Err(reason) => return self.refuse_path(path, name, reason, now),
+        };
+        let session = match joins {
+            Some(session) => session,
+            None => match self.create_session(self.paths[index].session_uuid) {
+                Some(session) => session,
+                None => return self.refuse_path(path, name, PathRefusal::TooManySessions, now),
+            },
+        };
+        self.paths[index].session = Some(session);
+        if joins.is_none() {
+            self.sessions[usize::from(session)].name = name.clone();
+        }
+        // Only now, admitted, does the path get memory (admission.rs).
+        if self.allocate_pool(index).is_err() {
+            return self.refuse_path(path, name, PathRefusal::OutOfMemory, now);
         }
         if self.post_io_receives(path).is_err() {
             self.begin_close(path, CloseReason::PostFailed, now);
@@ -50,15 +66,14 @@ impl<V: Verbs> Server<V> {
             self.begin_close(path, CloseReason::PostFailed, now);
             return;
         }
+        let interval = self.config.heartbeat_interval_ns;
         let slot = &mut self.paths[index];
         slot.state = PathState::Connected;
-        slot.heartbeat_missed = 0;
-        slot.heartbeat_next = now.saturating_add(self.config.heartbeat_interval_ns);
+        slot.heartbeat.start(now, interval);
         let remote = slot.remote;
         let session_id = self.session_id(session);
         let path_id = self.path_id(path);
         let session_slot = &mut self.sessions[usize::from(session)];
-        session_slot.name = name.clone();
         session_slot.paths_up += 1;
         if session_slot.paths_up == 1 {
             self.push_event(Event::SessionOpened {

@@ -16,7 +16,7 @@ impl<V: Verbs> Server<V> {
         else {
             return;
         };
-        self.paths[index].heartbeat_missed = 0;
+        self.paths[index].heartbeat.alive();
         let recv = RecvWr {
             wr_id: wr_id(WrKind::RecvIo, id, 0),
             sgl: Sgl::new(),
@@ -193,12 +193,15 @@ impl<V: Verbs> Server<V> {
                 IoDirection::Write => None,
             }),
         };
+        // A path carries IO only once admitted, so it has its session.
+        let Some(session) = self.paths[index].session else {
+            return;
+        };
         if let IoDirection::Write = direction {
-            let slot = &mut self.paths[index];
-            slot.stats.write_bytes += u64::from(data_len);
-            self.sessions[usize::from(slot.session)].stats.write_bytes += u64::from(data_len);
+            self.paths[index].stats.write_bytes += u64::from(data_len);
+            self.sessions[usize::from(session)].stats.write_bytes += u64::from(data_len);
         }
-        let session = self.session_id(self.paths[index].session);
+        let session = self.session_id(session);
         let token = IoToken {
             path: self.path_id(path),
             chunk,
@@ -218,9 +221,9 @@ impl<V: Verbs> Server<V> {
     pub(super) fn note_protocol_error(&mut self, path: u16) {
         let slot = &mut self.paths[usize::from(path)];
         slot.stats.protocol_errors += 1;
-        self.sessions[usize::from(slot.session)]
-            .stats
-            .protocol_errors += 1;
+        if let Some(session) = slot.session {
+            self.sessions[usize::from(session)].stats.protocol_errors += 1;
+        }
     }
 
     /// Builds and posts the response chain of rtrs.md §4.6.
@@ -360,8 +363,11 @@ impl<V: Verbs> Server<V> {
                 let chunk_slot = &mut slot.chunks[usize::from(chunk)];
                 chunk_slot.state = IoState::Idle;
                 chunk_slot.sends_in_flight += 1;
-                let session = usize::from(slot.session);
-                for stats in [&mut slot.stats, &mut self.sessions[session].stats] {
+                let session = slot
+                    .session
+                    .and_then(|s| self.sessions.get_mut(usize::from(s)));
+                let both = [Some(&mut slot.stats), session.map(|s| &mut s.stats)];
+                for stats in both.into_iter().flatten() {
                     if errno != 0 {
                         stats.errors += 1;
                     } else if is_read {

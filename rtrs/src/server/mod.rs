@@ -133,6 +133,7 @@
 //! room, a previous completion). [`Server::poll_at`] gives the next deadline,
 //! so an idle server sleeps instead of spinning.
 
+mod admission;
 mod close;
 mod connect;
 mod info;
@@ -156,11 +157,13 @@ use verbs::{
 use zerocopy::little_endian::U16;
 use zerocopy::IntoBytes;
 
+use crate::link;
 use crate::wire::{
     self, BufferDesc, ConnReq, ConnRsp, ConnRspFlags, Imm, ImmLayout, InfoReq, InfoRsp, IoMsg,
     IoRequest, ParseError, RawInfoRspHeader, ReadMsg, RkeyRsp, SgDesc, Uuid, PATHNAME_LEN,
 };
 
+pub use self::admission::{Admission, AdmitAll, PathRefusal, PathRequest};
 use self::table::{ChunkSlot, PathSlot, PathState, ReadInfo, Response, SessionSlot};
 pub use self::table::{IoState, ReadData};
 
@@ -206,9 +209,16 @@ pub struct ServerConfig {
     pub close_timeout_ns: u64,
     /// How long a new path may take from its first CON_REQ to a complete
     /// INFO_REQ/INFO_RSP exchange; a half-open path is closed at this
-    /// deadline so it cannot hold a session slot and a chunk pool forever
-    /// (rnbd.md §8.1).
+    /// deadline so it cannot hold its connections forever (rnbd.md §8.1).
+    /// Default 5 s: the client brings its connections up back to back.
     pub setup_timeout_ns: u64,
+    /// Most half-open paths (connecting, INFO_REQ not yet admitted) at
+    /// once, over all sessions and ports. When it is reached, a new path
+    /// evicts the oldest half-open one ([`CloseReason::Evicted`]).
+    pub max_half_open: u16,
+    /// Most half-open paths from one client IP address; a further new path
+    /// from it is refused with ENOMEM ([`ConnectRefusal::TooManyHalfOpen`]).
+    pub max_half_open_per_source: u16,
     /// Connection events handled per `poll`, in total over all ports.
     pub cm_budget: usize,
     /// Work completions handled per `poll`, in total over all ports.
@@ -234,7 +244,9 @@ impl ServerConfig {
             heartbeat_interval_ns: wire::HEARTBEAT_INTERVAL_MS as u64 * 1_000_000,
             heartbeat_missed_max: wire::HEARTBEAT_MISSED_MAX,
             close_timeout_ns: wire::CONNECT_TIMEOUT_MS as u64 * 1_000_000,
-            setup_timeout_ns: wire::CONNECT_TIMEOUT_MS as u64 * 1_000_000,
+            setup_timeout_ns: 5_000_000_000,
+            max_half_open: 16,
+            max_half_open_per_source: 4,
             cm_budget: 16,
             completion_budget: 64,
             event_capacity: 1024,
@@ -280,6 +292,13 @@ impl ServerConfig {
             return Err(ConfigError::Limits);
         }
         if self.cm_budget == 0 || self.completion_budget == 0 || self.event_capacity < 8 {
+            return Err(ConfigError::Limits);
+        }
+        if self.max_half_open == 0
+            || self.max_half_open_per_source == 0
+            || self.max_half_open_per_source > self.max_half_open
+            || self.setup_timeout_ns == 0
+        {
             return Err(ConfigError::Limits);
         }
         Ok(layout)
@@ -377,6 +396,10 @@ pub enum CloseReason {
     /// The path did not finish its setup (all connections and INFO_REQ)
     /// within `setup_timeout_ns`.
     SetupTimeout,
+    /// A half-open path made room for a newer one (`max_half_open`).
+    Evicted,
+    /// Refused at INFO_REQ ([`Event::PathRefused`] says why).
+    Refused,
 }
 
 /// What the server tells its consumer (RNBD).
@@ -409,6 +432,19 @@ pub enum Event {
         /// The port the path's connections came in on (its memory lives
         /// there; see [`Server::port`]).
         port: usize,
+    },
+    /// A path was refused at INFO_REQ (the admission hook, the session
+    /// name, a limit or memory) and is being closed; it never came up and
+    /// held no session slot or chunk pool.
+    PathRefused {
+        /// The session name the INFO_REQ carried.
+        name: heapless::String<PATHNAME_LEN>,
+        /// The client's address of the path's cid 0.
+        remote: Option<SocketAddr>,
+        /// The port the path came in on.
+        port: usize,
+        /// Why.
+        reason: PathRefusal,
     },
     /// A path is closing; requests the consumer holds are still to be
     /// answered (the answers are dropped).
@@ -480,6 +516,19 @@ pub struct ServerStats {
     /// Events lost to a full queue (the consumer answered requests without
     /// draining events; should stay 0).
     pub events_dropped: u64,
+    /// Live paths replaced by a reconnect of the same path uuid (from the
+    /// path's own address, the old path dead or stale).
+    pub paths_replaced: u64,
+    /// Reconnects refused because the live path they named was fresh or
+    /// belonged to another client address.
+    pub takeovers_refused: u64,
+    /// Paths refused at INFO_REQ ([`Event::PathRefused`]).
+    pub paths_refused: u64,
+    /// Half-open paths evicted to make room for a newer one.
+    pub half_open_evicted: u64,
+    /// New paths refused because their address had
+    /// `max_half_open_per_source` half-open paths.
+    pub half_open_refused: u64,
 }
 
 /// How many table entries are in use: all zero when idle (leak checks).
@@ -533,7 +582,9 @@ pub enum ConnectRefusal {
     TooManyPaths,
     /// `cid_num` above `max_connections_per_path`.
     TooManyConnections,
-    /// The path exists, is up, and the request is no newer reconnect.
+    /// The path exists and is up, and the request is no newer reconnect;
+    /// or it is, but comes from another address than the path's, or the
+    /// path is not stale (it answered within the last heartbeat interval).
     PathStillUp,
     /// `cid_num` differs from the path's, or the cid is already connected.
     ConnectionMismatch,
@@ -541,6 +592,8 @@ pub enum ConnectRefusal {
     OutOfMemory,
     /// Another path of the session uses the same address pair.
     PathExists,
+    /// The client address has `max_half_open_per_source` half-open paths.
+    TooManyHalfOpen,
 }
 
 impl ConnectRefusal {
@@ -551,7 +604,10 @@ impl ConnectRefusal {
             Self::TooManyConnections => errno::ECONNRESET,
             Self::NoSession => errno::ENXIO,
             Self::PathExists => errno::EEXIST,
-            Self::TooManySessions | Self::TooManyPaths | Self::OutOfMemory => errno::ENOMEM,
+            Self::TooManySessions
+            | Self::TooManyPaths
+            | Self::OutOfMemory
+            | Self::TooManyHalfOpen => errno::ENOMEM,
         }
     }
 }
@@ -584,23 +640,22 @@ impl WrKind {
     }
 }
 
-/// `kind:8 | path generation:16 | path index:16 | chunk:16`.
+/// A [`link::work_id`]: owner = path index, low = `generation:16 | chunk:16`.
 fn wr_id(kind: WrKind, path: PathId, chunk: u16) -> WrId {
-    WrId(
-        (u64::from(kind as u8) << 56)
-            | (u64::from(path.generation) << 32)
-            | (u64::from(path.index) << 16)
-            | u64::from(chunk),
+    link::work_id(
+        kind as u8,
+        u32::from(path.index),
+        u32::from(path.generation) << 16 | u32::from(chunk),
     )
 }
 
 fn split_wr_id(id: WrId) -> Option<(WrKind, PathId, u16)> {
-    let kind = WrKind::from_u8((id.0 >> 56) as u8)?;
+    let (kind, owner, low) = link::split_work_id(id);
     let path = PathId {
-        index: (id.0 >> 16) as u16,
-        generation: (id.0 >> 32) as u16,
+        index: u16::try_from(owner).ok()?,
+        generation: (low >> 16) as u16,
     };
-    Some((kind, path, id.0 as u16))
+    Some((WrKind::from_u8(kind)?, path, low as u16))
 }
 
 /// Receives posted per `post_recv` call while filling a queue.
@@ -671,12 +726,16 @@ impl<V: Verbs> Server<V> {
             return Err(ConfigError::NoPorts);
         }
         let layout = config.check()?;
-        let sessions = (0..config.max_sessions)
+        // Twice the open sessions: a closed session lingers while its paths
+        // drain, and a reconnect of it opens a new one meanwhile.
+        let sessions = (0..usize::from(config.max_sessions) * 2)
             .map(|_| SessionSlot::new())
             .collect();
-        // Twice the live paths: a replaced path drains while its successor runs.
+        // Twice the live paths (a replaced path drains while its successor
+        // runs) plus the half-open ones.
         let path_count =
-            usize::from(config.max_sessions) * usize::from(config.max_paths_per_session) * 2;
+            usize::from(config.max_sessions) * usize::from(config.max_paths_per_session) * 2
+                + usize::from(config.max_half_open);
         let paths = (0..path_count).map(|_| PathSlot::new(&config)).collect();
         let connections =
             Vec::with_capacity(path_count * usize::from(config.max_connections_per_path));
@@ -830,7 +889,7 @@ impl<V: Verbs> Server<V> {
         self.paths
             .iter()
             .filter_map(|path| match path.state {
-                PathState::Connected => Some(path.heartbeat_next),
+                PathState::Connected => Some(path.heartbeat.next()),
                 PathState::Connecting => Some(path.setup_deadline),
                 PathState::Closing { deadline } => Some(deadline),
                 _ => None,
@@ -847,7 +906,11 @@ impl<V: Verbs> Server<V> {
     /// per round) starting with a port that rotates every call, so a busy
     /// port cannot starve the others; a pass stops when the budget is
     /// spent or every port came up empty in a row.
-    pub fn poll(&mut self, now: u64) -> bool {
+    ///
+    /// `admission` decides, at each path's INFO_REQ, whether the path may
+    /// carry its session (see [`Admission`]); nothing of a session exists
+    /// before it said yes.
+    pub fn poll(&mut self, now: u64, admission: &mut impl Admission) -> bool {
         let mut busy = false;
         let count = self.ports.len();
         let start = self.next_port % count;
@@ -883,7 +946,7 @@ impl<V: Verbs> Server<V> {
             busy = true;
             done += got;
             for wc in &batch[..got] {
-                self.handle_completion(port, *wc, now);
+                self.handle_completion(port, *wc, now, admission);
             }
         }
         busy |= self.run_timers_and_parked(now);
@@ -1034,7 +1097,13 @@ impl<V: Verbs> Server<V> {
 
     // ----- completions ---------------------------------------------------------
 
-    fn handle_completion(&mut self, port: usize, wc: WorkCompletion, now: u64) {
+    fn handle_completion(
+        &mut self,
+        port: usize,
+        wc: WorkCompletion,
+        now: u64,
+        admission: &mut dyn Admission,
+    ) {
         let Some((kind, id, chunk)) = split_wr_id(wc.wr_id) else {
             return;
         };
@@ -1060,7 +1129,7 @@ impl<V: Verbs> Server<V> {
             return;
         }
         match kind {
-            WrKind::RecvInfo => self.handle_info_req(index, wc, now),
+            WrKind::RecvInfo => self.handle_info_req(index, wc, now, admission),
             WrKind::RecvIo => self.handle_io_receive(index, wc, now),
             WrKind::LocalInv => self.invalidated(index, chunk, now),
             WrKind::IoResponse => self.response_done(index, chunk, now),

@@ -1,50 +1,54 @@
 //! A path's registered memory: its chunk pool and control buffers, taken
 //! from and given back to the path's port.
 
+use verbs::MemoryRegion;
+
 use super::*;
 
 impl<V: Verbs> Server<V> {
+    /// Allocates and registers one buffer of `len` bytes on `port`.
+    fn register(
+        verbs: &mut V,
+        len: u32,
+        align: u32,
+        access: AccessFlags,
+    ) -> Result<MemoryRegion, ConnectRefusal> {
+        let buffer = verbs
+            .alloc(len, align)
+            .map_err(|_| ConnectRefusal::OutOfMemory)?;
+        verbs.reg_mr(buffer, access).map_err(|_| {
+            let _ = verbs.free(buffer);
+            ConnectRefusal::OutOfMemory
+        })
+    }
+
+    /// The INFO_REQ receive buffer of a new path (rtrs.md §2.4 step 6): all
+    /// a half-open path holds besides its connections.
+    pub(super) fn allocate_info_req(&mut self, index: usize) -> Result<(), ConnectRefusal> {
+        let verbs = &mut self.ports[self.paths[index].port];
+        let region = Self::register(verbs, InfoReq::LEN as u32, 64, AccessFlags::LOCAL_WRITE)?;
+        self.paths[index].info_req = Some(region);
+        Ok(())
+    }
+
+    /// Allocates and registers the chunk pool, the INFO_RSP and the RKEY_RSP
+    /// buffers of an admitted path on the path's port. What was allocated
+    /// before a failure stays with the path and goes with
+    /// [`release_pool`](Self::release_pool).
     pub(super) fn allocate_pool(&mut self, index: usize) -> Result<(), ConnectRefusal> {
         let config = self.config;
         let verbs = &mut self.ports[self.paths[index].port];
         let remote = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
-        let oom = |_| ConnectRefusal::OutOfMemory;
         for _ in 0..config.queue_depth {
-            let buffer = verbs.alloc(config.chunk_size, 4096).map_err(oom)?;
-            let region = match verbs.reg_mr(buffer, remote) {
-                Ok(region) => region,
-                Err(_) => {
-                    let _ = verbs.free(buffer);
-                    return Err(ConnectRefusal::OutOfMemory);
-                }
-            };
+            let region = Self::register(verbs, config.chunk_size, 4096, remote)?;
             self.paths[index].chunks.push(ChunkSlot::new(region));
         }
         let info_rsp_len = 8 + 16 * u32::from(config.queue_depth);
-        let sizes = [
-            (InfoReq::LEN as u32, AccessFlags::LOCAL_WRITE),
-            (info_rsp_len, AccessFlags::EMPTY),
-            (
-                RkeyRsp::LEN as u32 * u32::from(config.queue_depth),
-                AccessFlags::EMPTY,
-            ),
-        ];
-        for (which, (len, access)) in sizes.into_iter().enumerate() {
-            let buffer = verbs.alloc(len, 64).map_err(oom)?;
-            let region = match verbs.reg_mr(buffer, access) {
-                Ok(region) => region,
-                Err(_) => {
-                    let _ = verbs.free(buffer);
-                    return Err(ConnectRefusal::OutOfMemory);
-                }
-            };
-            let path = &mut self.paths[index];
-            match which {
-                0 => path.info_req = Some(region),
-                1 => path.info_rsp = Some(region),
-                _ => path.rkey_rsp = Some(region),
-            }
-        }
+        let region = Self::register(verbs, info_rsp_len, 64, AccessFlags::EMPTY)?;
+        self.paths[index].info_rsp = Some(region);
+        let rkey_len = RkeyRsp::LEN as u32 * u32::from(config.queue_depth);
+        let region = Self::register(verbs, rkey_len, 64, AccessFlags::EMPTY)?;
+        self.paths[index].rkey_rsp = Some(region);
         Ok(())
     }
 

@@ -8,11 +8,12 @@
 extern crate alloc;
 
 use alloc::vec::Vec;
-use core::net::SocketAddr;
+use core::net::{IpAddr, SocketAddr};
 
 use verbs::{ConnId, MemoryRegion, Rkey, Sgl};
 
 use super::{ServerConfig, Stats};
+use crate::link::Heartbeat;
 use crate::wire::{ConnReq, ReadFlags, ReadMsg, Uuid, PATHNAME_LEN};
 
 /// Where the data of a successful read comes from.
@@ -162,7 +163,15 @@ pub(super) struct PathSlot {
     pub generation: u16,
     /// The port (provider) of every connection and buffer of the path.
     pub port: usize,
-    pub session: u16,
+    /// The session slot, once the path passed admission at INFO_REQ; a
+    /// half-open path belongs to no session (it holds no session slot).
+    pub session: Option<u16>,
+    /// `paths_uuid` of the CON_REQ: the session the path asks for.
+    pub session_uuid: Uuid,
+    /// The path may create its session at INFO_REQ: its CON_REQ had
+    /// `first_conn`, or the session was known (open, or asked for by
+    /// another half-open path) when it came.
+    pub first_conn: bool,
     pub uuid: Uuid,
     pub recon_cnt: u16,
     pub cid_num: u16,
@@ -175,8 +184,8 @@ pub(super) struct PathSlot {
     pub info_req: Option<MemoryRegion>,
     pub info_rsp: Option<MemoryRegion>,
     pub rkey_rsp: Option<MemoryRegion>,
-    pub heartbeat_missed: u32,
-    pub heartbeat_next: u64,
+    /// Liveness (rtrs.md §5), once connected.
+    pub heartbeat: Heartbeat,
     /// While connecting: when the path is closed if its setup is not done.
     pub setup_deadline: u64,
     /// An HB_ACK is owed and waits for send-queue room.
@@ -185,12 +194,26 @@ pub(super) struct PathSlot {
 }
 
 impl PathSlot {
+    /// Connecting or connected: the path uuid is taken.
+    pub fn is_live(&self) -> bool {
+        matches!(self.state, PathState::Connecting | PathState::Connected)
+    }
+
+    /// The client address of the path (of the CON_REQ that created it).
+    pub fn source(&self) -> Option<IpAddr> {
+        self.addresses.map(|(_, remote)| remote.ip())
+    }
+}
+
+impl PathSlot {
     pub fn new(config: &ServerConfig) -> Self {
         Self {
             state: PathState::Free,
             generation: 0,
             port: 0,
-            session: 0,
+            session: None,
+            session_uuid: Uuid([0; 16]),
+            first_conn: false,
             uuid: Uuid([0; 16]),
             recon_cnt: 0,
             cid_num: 0,
@@ -201,22 +224,23 @@ impl PathSlot {
             info_req: None,
             info_rsp: None,
             rkey_rsp: None,
-            heartbeat_missed: 0,
-            heartbeat_next: 0,
+            heartbeat: Heartbeat::default(),
             setup_deadline: 0,
             ack_pending: false,
             stats: Stats::default(),
         }
     }
 
-    /// Takes the free slot for a new path of `session` on `port` (within
+    /// Takes the free slot for a new half-open path on `port` (within
     /// capacity: `cid_num` was checked against the configured maximum).
     /// `setup_deadline`: when a path still connecting is closed.
-    pub fn reset(&mut self, port: usize, session: u16, req: &ConnReq, setup_deadline: u64) {
+    pub fn reset(&mut self, port: usize, req: &ConnReq, setup_deadline: u64) {
         self.state = PathState::Connecting;
         self.setup_deadline = setup_deadline;
         self.port = port;
-        self.session = session;
+        self.session = None;
+        self.session_uuid = req.session_uuid;
+        self.first_conn = req.first_conn;
         self.uuid = req.path_uuid;
         self.recon_cnt = req.recon_cnt;
         self.cid_num = req.cid_num;
@@ -225,16 +249,24 @@ impl PathSlot {
         self.remote = None;
         self.addresses = None;
         self.chunks.clear();
-        self.heartbeat_missed = 0;
-        self.heartbeat_next = 0;
+        self.heartbeat = Heartbeat::default();
         self.ack_pending = false;
         self.stats = Stats::default();
     }
 }
 
 /// One session: the paths sharing a session uuid (rtrs.md §7).
+///
+/// A slot is taken when the first path of a session passes admission and
+/// is *open* while it has a path up; once its last path went down
+/// (`SessionClosed`) it is no longer open: a later path of the same
+/// session uuid starts a new session (a new [`SessionId`](super::SessionId)),
+/// while this slot lingers until the closing paths have drained.
 pub(super) struct SessionSlot {
     pub live: bool,
+    /// Has a path up, or is being set up by its first path; new paths may
+    /// join.
+    pub open: bool,
     pub generation: u16,
     pub uuid: Uuid,
     pub name: heapless::String<PATHNAME_LEN>,
@@ -246,6 +278,7 @@ impl SessionSlot {
     pub fn new() -> Self {
         Self {
             live: false,
+            open: false,
             generation: 0,
             uuid: Uuid([0; 16]),
             name: heapless::String::new(),

@@ -1,6 +1,8 @@
 //! Timed and parked work: heartbeats (rtrs.md §5), setup and close
 //! deadlines, responses and acks waiting for send-queue room.
 
+use crate::link::Beat;
+
 use super::*;
 
 impl<V: Verbs> Server<V> {
@@ -34,7 +36,7 @@ impl<V: Verbs> Server<V> {
                     if was_pending {
                         busy |= self.retry_parked(path, now);
                     }
-                    if now >= self.paths[index].heartbeat_next && self.event_room() {
+                    if now >= self.paths[index].heartbeat.next() && self.event_room() {
                         busy = true;
                         self.heartbeat_tick(path, now);
                     }
@@ -95,41 +97,30 @@ impl<V: Verbs> Server<V> {
     pub(super) fn heartbeat_tick(&mut self, path: u16, now: u64) {
         let port = self.port_of(path);
         let index = usize::from(path);
-        let max = self.config.heartbeat_missed_max;
-        let slot = &mut self.paths[index];
-        slot.heartbeat_next = now.saturating_add(self.config.heartbeat_interval_ns);
-        if slot.heartbeat_missed > max {
-            self.begin_close(path, CloseReason::HeartbeatTimeout, now);
-            return;
-        }
-        if slot.heartbeat_missed > 0 {
-            slot.heartbeat_missed += 1;
-            return;
-        }
-        slot.heartbeat_missed = 1;
-        let id = self.path_id(path);
-        let Some(conn) = self.paths[index].conns.first().copied().flatten() else {
-            return;
-        };
-        if self.ports[port]
-            .post_send(conn, &[heartbeat_wr(id, Imm::HbMsg)])
-            .is_ok()
-        {
-            self.paths[index].stats.heartbeats_sent += 1;
+        let (interval, max) = (
+            self.config.heartbeat_interval_ns,
+            self.config.heartbeat_missed_max,
+        );
+        match self.paths[index].heartbeat.tick(now, interval, max) {
+            Beat::Dead => self.begin_close(path, CloseReason::HeartbeatTimeout, now),
+            Beat::Quiet => {}
+            Beat::Send => {
+                let id = self.path_id(path);
+                let Some(conn) = self.paths[index].conns.first().copied().flatten() else {
+                    return;
+                };
+                if self.ports[port]
+                    .post_send(conn, &[heartbeat_wr(id, Imm::HbMsg)])
+                    .is_ok()
+                {
+                    self.paths[index].stats.heartbeats_sent += 1;
+                }
+            }
         }
     }
 }
 
-/// A zero-length RDMA WRITE WITH IMM, VA 0, rkey 0 (rtrs.md §1).
-pub(super) fn heartbeat_wr(path: PathId, imm: Imm) -> SendWr {
-    SendWr {
-        wr_id: wr_id(WrKind::SendHeartbeat, path, 0),
-        signaled: true,
-        op: SendOp::RdmaWrite {
-            sgl: Sgl::new(),
-            remote_addr: 0,
-            rkey: Rkey(0),
-            imm: Some(imm.encode().unwrap_or(0)),
-        },
-    }
+/// A heartbeat or its ack on `path` ([`link::heartbeat_wr`]).
+fn heartbeat_wr(path: PathId, imm: Imm) -> SendWr {
+    link::heartbeat_wr(wr_id(WrKind::SendHeartbeat, path, 0), imm)
 }

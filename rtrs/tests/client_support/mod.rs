@@ -19,7 +19,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::rc::Rc;
 
 use rtrs::client::{Client, ClientConfig, Event as ClientEvent};
-use rtrs::server::{Event as ServerEvent, IoDirection, ReadData, Server, ServerConfig};
+use rtrs::server::{AdmitAll, Event as ServerEvent, IoDirection, ReadData, Server, ServerConfig};
 use verbs::memory::Arena;
 use verbs::{
     AccessError, AccessFlags, AllocError, CmEvent, ConnId, ConnParams, ConnectError, Lkey, Memory,
@@ -780,7 +780,7 @@ impl Pair {
     pub fn settle(&mut self) {
         for _ in 0..1000 {
             let mut busy = self.client.poll(self.now);
-            busy |= self.server.poll(self.now);
+            busy |= self.server.poll(self.now, &mut AdmitAll);
             busy |= self.fabric.run();
             while let Some(event) = self.server.next_event() {
                 busy = true;

@@ -10,9 +10,9 @@
 #![allow(dead_code)] // each test binary uses a different subset
 
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
-use rtrs::server::{Event, IoToken, ReadData, Server, ServerConfig};
+use rtrs::server::{Admission, Event, IoToken, PathRequest, ReadData, Server, ServerConfig};
 use rtrs::wire::{
     BufferDesc, ConnReq, Imm, ImmLayout, InfoReq, InfoRsp, ReadFlags, ReadMsg, Uuid, WriteMsg,
 };
@@ -364,10 +364,33 @@ pub fn small_config() -> ServerConfig {
 /// Nanoseconds per second.
 pub const SECOND: u64 = 1_000_000_000;
 
+/// The harness's access rules: with no rule every path is admitted;
+/// otherwise a path is admitted if a rule names its session and either no
+/// address or the path's client address. Every question is recorded.
+#[derive(Default)]
+pub struct Policy {
+    pub rules: Vec<(String, Option<IpAddr>)>,
+    /// (name, client address, the path joins an open session).
+    pub asked: Vec<(String, SocketAddr, bool)>,
+}
+
+impl Admission for Policy {
+    fn admit(&mut self, path: &PathRequest<'_>) -> bool {
+        self.asked
+            .push((path.name.to_owned(), path.remote, path.joins.is_some()));
+        self.rules.is_empty()
+            || self.rules.iter().any(|(name, source)| {
+                name == path.name && source.is_none_or(|ip| ip == path.remote.ip())
+            })
+    }
+}
+
 /// Server + mock + a clock.
 pub struct Harness {
     pub server: Server<MockVerbs>,
     pub now: u64,
+    /// What `settle` admits.
+    pub policy: Policy,
     next_conn: u32,
 }
 
@@ -382,6 +405,7 @@ impl Harness {
         Self {
             server,
             now: 1,
+            policy: Policy::default(),
             next_conn: 100,
         }
     }
@@ -393,7 +417,7 @@ impl Harness {
     /// Polls until idle (bounded).
     pub fn settle(&mut self) {
         for _ in 0..64 {
-            if !self.server.poll(self.now) {
+            if !self.server.poll(self.now, &mut self.policy) {
                 break;
             }
         }
@@ -403,8 +427,15 @@ impl Harness {
         std::iter::from_fn(|| self.server.next_event()).collect()
     }
 
-    /// Injects a connect request with `private_data`; returns the new id.
+    /// Injects a connect request with `private_data` from the client
+    /// address of its path uuid (10.0.<byte 12>.2); returns the new id.
     pub fn request(&mut self, private_data: &[u8]) -> ConnId {
+        let source = Ipv4Addr::new(10, 0, private_data.get(12).copied().unwrap_or(0), 2);
+        self.request_from(source, private_data)
+    }
+
+    /// Injects a connect request with `private_data` from `source`.
+    pub fn request_from(&mut self, source: Ipv4Addr, private_data: &[u8]) -> ConnId {
         let conn = ConnId(self.next_conn);
         self.next_conn += 1;
         let mock = self.mock();
@@ -412,15 +443,27 @@ impl Harness {
         mock.cm_events.push_back(CmEvent::ConnectRequest {
             conn,
             local: SocketAddr::from((Ipv4Addr::new(10, 0, 0, 1), 1234)),
-            // One client address per path uuid (byte 12 of the CON_REQ).
-            remote: SocketAddr::from((
-                Ipv4Addr::new(10, 0, private_data.get(12).copied().unwrap_or(0), 2),
-                40000 + conn.0 as u16,
-            )),
+            remote: SocketAddr::from((source, 40000 + conn.0 as u16)),
             private_data: PrivateData::try_from_slice(private_data).unwrap(),
         });
         self.settle();
         conn
+    }
+
+    /// Delivers an INFO_REQ naming `name` on `conn` (a path's cid 0).
+    pub fn info_req(&mut self, conn: ConnId, name: &str) {
+        let mut info = vec![0u8; InfoReq::LEN];
+        InfoReq { session_name: name }.emit(&mut info).unwrap();
+        self.mock().deliver_send(conn, &info);
+        self.settle();
+    }
+
+    /// Lets the mock finish every send and disconnect, then settles.
+    pub fn drain(&mut self) {
+        for _ in 0..4 {
+            self.mock().complete_sends();
+            self.settle();
+        }
     }
 
     /// Whether `conn` was accepted.
