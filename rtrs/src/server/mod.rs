@@ -9,6 +9,33 @@
 //! failure and reconnect, §7 multipath, with the extra checks of `rnbd.md`
 //! §8.2.
 //!
+//! # Reading order
+//!
+//! This file holds the [`Server`] and its poll loop; the rest is one file
+//! per concern: [`config`](ServerConfig) and the public `types` (ids,
+//! events, counters), `connect` (CON_REQ: half-open paths, their limits,
+//! reconnects), `admission` ([`Admission`]: who may carry a session,
+//! decided at INFO_REQ), `info` (INFO_REQ/INFO_RSP), `pool` (registered
+//! memory), `io` (requests and responses), `close` (teardown), `timers`
+//! (heartbeats, deadlines, parked work) and `table` (the fixed tables and
+//! the per-chunk [`IoState`]). Heartbeats and work request ids are shared
+//! with the client (`crate::link`).
+//!
+//! # Admission
+//!
+//! A CON_REQ proves nothing (its uuids travel in clear), so a connecting
+//! ("half-open") path holds only its connections and its INFO_REQ receive
+//! buffer, and no session slot. Half-open paths are bounded: at most
+//! [`ServerConfig::max_half_open`] in all (a new one evicts the oldest) and
+//! [`ServerConfig::max_half_open_per_source`] per client address (a new one
+//! is refused with ENOMEM), each closed at
+//! [`ServerConfig::setup_timeout_ns`] (5 s). At INFO_REQ the server checks
+//! the session name and asks the [`Admission`] passed to [`Server::poll`]
+//! about this path (every path, with its own address); only an admitted
+//! path gets its session slot, its name and its chunk pool. A refused path
+//! is closed, reported as [`Event::PathRefused`], and holds nothing
+//! afterwards (module `admission`).
+//!
 //! # Ports
 //!
 //! One server owns one or more *ports*: verbs providers of the same type
@@ -44,11 +71,12 @@
 //! event queue) are allocated once in [`Server::with_ports`] from the
 //! [`ServerConfig`] capacities (they do not grow with the port count);
 //! nothing allocates afterwards. Registered memory comes from the pool of
-//! the path's port ([`Verbs::alloc`]) when a path is created (its chunk
-//! pool, `queue_depth` buffers of `chunk_size` bytes, each registered on its
-//! own so it can be re-keyed, plus three small control buffers) and goes
-//! back when the path is freed. Each path has its own chunk memory, which
-//! removes the multipath failover hazard of rtrs.md §7.
+//! the path's port ([`Verbs::alloc`]): the INFO_REQ receive buffer when a
+//! path is created, and once its INFO_REQ is admitted its chunk pool
+//! (`queue_depth` buffers of `chunk_size` bytes, each registered on its own
+//! so it can be re-keyed) and the INFO_RSP and RKEY_RSP buffers; all of it
+//! goes back when the path is freed. Each path has its own chunk memory,
+//! which removes the multipath failover hazard of rtrs.md §7.
 //!
 //! # State diagram
 //!
@@ -57,15 +85,19 @@
 //! Path (one per path uuid, rtrs.md §2.4, §3.2, §6.1):
 //!
 //! ```text
-//!            CON_REQ (new path uuid, or newer recon_cnt: the stale path is closed)
-//!   Free ───────────────────────────────────────────► Connecting
-//!                                                     │  CON_REQ cid k: accept, con[k] = conn
+//!            CON_REQ (new path uuid, or newer recon_cnt from the path's own
+//!            address while the old path is half-open or stale: it is closed)
+//!   Free ───────────────────────────────────────────► Connecting (half-open: no session,
+//!                                                     │  CON_REQ cid k: accept,    no chunks)
+//!                                                     │  con[k] = conn
 //!                                                     │  INFO_REQ on cid 0 (all cid_num up):
-//!                                                     ▼  post IO receives, INFO_RSP, heartbeats
+//!                                                     │  admission, session, chunk pool, IO
+//!                                                     ▼  receives, INFO_RSP, heartbeats
 //!                                                  Connected ──► PathUp (+ SessionOpened if first)
 //!                                                     │  CM error/disconnect, WC error, heartbeat
-//!                                                     │  timeout, protocol violation, replaced
-//!                                                     ▼
+//!                                                     │  timeout, protocol violation, replaced;
+//!                                                     │  refused at INFO_REQ, setup timeout,
+//!                                                     ▼  evicted (from Connecting)
 //!                                                   Closing ──► PathDown (+ SessionClosed if last up)
 //!                                                     │  every connection disconnected + destroyed,
 //!                                                     │  every IO the consumer holds answered
@@ -73,6 +105,11 @@
 //!                                                   Free (memory back to the pool; the session
 //!                                                         slot is freed with its last path)
 //! ```
+//!
+//! Session: taken when its first path is admitted, *open* while a path is
+//! up; `SessionClosed` ends it for good (a later path of the same session
+//! uuid opens a new session, with a new [`SessionId`]), and the slot is free
+//! once its closing paths have drained.
 //!
 //! In-flight IO, one per chunk of a path (a fixed table indexed by chunk id;
 //! every wait is a named [`IoState`] variant):
@@ -104,16 +141,26 @@
 //! * A second request on a chunk that has one outstanding (#20), a chunk id
 //!   `>= qd` or offset beyond the chunk (#14), a message that does not fit
 //!   the chunk (#15) and an unknown message type (#16) close the path.
+//! * The session and the chunk pool are made when the INFO_REQ is
+//!   admitted, not at the first CON_REQ (Linux allocates 64 MiB there,
+//!   before any authentication, rtrs.md §2.4 step 4); a half-open path is
+//!   timed out (Linux keeps it until a CM event, §6.1) and bounded in
+//!   number. A path refused at INFO_REQ, for any reason, is closed.
 //! * A CON_REQ for a path uuid that is still up (or half-open) with a
-//!   *newer* `recon_cnt` replaces the stale path at once (rtrs.md §6.2
-//!   suggests it); an equal or older one is refused with ECONNRESET as
-//!   Linux does. The stale path drains while the new one runs, so the
-//!   provider's memory pool needs room for one extra path pool per
-//!   reconnecting session, or the reconnect is refused (ENOMEM) until the
-//!   old path's connections are gone.
-//! * Limits from [`ServerConfig`] (sessions, paths per session, connections
-//!   per path) and pool exhaustion reject with ENOMEM (connections:
-//!   ECONNRESET, as Linux's `cid_num > 4096`).
+//!   *newer* `recon_cnt` replaces the old path at once (rtrs.md §6.2
+//!   suggests it) if it comes from the old path's client address and the
+//!   old path is half-open or stale (no sign of life for a whole heartbeat
+//!   interval); otherwise, and for an equal or older `recon_cnt`, it is
+//!   refused with ECONNRESET as Linux does ([`ServerStats::paths_replaced`],
+//!   [`ServerStats::takeovers_refused`]). The old path drains while the new
+//!   one runs, so the provider's memory pool needs room for one extra path
+//!   pool per reconnecting session, or the new path is refused at its
+//!   INFO_REQ until the old path's memory is back.
+//! * Limits from [`ServerConfig`] (sessions, paths per session, half-open
+//!   paths per address, connections per path) reject the CON_REQ with
+//!   ENOMEM (connections: ECONNRESET, as Linux's `cid_num > 4096`); the
+//!   session and path limits are checked again, with the pool, at
+//!   INFO_REQ.
 //! * Every path registers chunk memory of its own (rtrs.md §7).
 //!
 //! A second path with the same (local, remote) IP address pair is refused
@@ -135,12 +182,14 @@
 
 mod admission;
 mod close;
+mod config;
 mod connect;
 mod info;
 mod io;
 mod pool;
 mod table;
 mod timers;
+mod types;
 
 extern crate alloc;
 
@@ -164,453 +213,25 @@ use crate::wire::{
 };
 
 pub use self::admission::{Admission, AdmitAll, PathRefusal, PathRequest};
+pub use self::config::{ConfigError, ServerConfig};
 use self::table::{ChunkSlot, PathSlot, PathState, ReadInfo, Response, SessionSlot};
 pub use self::table::{IoState, ReadData};
+pub use self::types::{
+    CloseReason, CompleteError, ConnectRefusal, Event, IoDirection, IoToken, PathId, ServerStats,
+    SessionId, Stats, Usage,
+};
 
 /// The errno values the server sends (positive; negated on the wire):
-/// EPERM (session name used by another session), EIO (missing connection
-/// at INFO_REQ; an oversized consumer errno), ENXIO (no such session and
-/// `first_conn` clear), ENOMEM (a configured limit or the memory pool),
-/// EEXIST (a path with the same addresses, a connection that exists),
-/// EINVAL (malformed request), ECONNRESET (malformed CON_REQ, stale path
-/// still up).
+/// EIO (an oversized consumer errno), ENXIO (no such session and
+/// `first_conn` clear), ENOMEM (a configured limit), EEXIST (a path with
+/// the same addresses), EINVAL (malformed request), ECONNRESET (malformed
+/// CON_REQ, a connection that exists, a path still up or not the
+/// requester's to replace). Refusals at INFO_REQ close the path instead
+/// ([`PathRefusal`]).
 pub use ::errno;
 
 /// Largest errno an IO response immediate carries (9 bits, rtrs.md §4.2).
 pub const MAX_RESPONSE_ERRNO: u16 = 511;
-
-/// Configuration: protocol parameters and the table capacities.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ServerConfig {
-    /// RDMA CM port to listen on (rtrs.md §2.1).
-    pub port: u16,
-    /// Session queue depth: chunks per path (1 < qd; constant per client
-    /// session, rtrs.md §2.5).
-    pub queue_depth: u16,
-    /// Chunk stride = `max_io_size + max_hdr_size`.
-    pub chunk_size: u32,
-    /// Header reserve advertised as `max_hdr_size`.
-    pub max_hdr_size: u32,
-    /// NEW_RKEY_F mode: revoke each chunk on a request, fresh rkey in the
-    /// response (rtrs.md §4.9).
-    pub always_invalidate: bool,
-    /// Most sessions at once.
-    pub max_sessions: u16,
-    /// Most live paths per session (at most 128).
-    pub max_paths_per_session: u16,
-    /// Most connections (`cid_num`) per path.
-    pub max_connections_per_path: u16,
-    /// Heartbeat interval in nanoseconds (rtrs.md §5: 5 s).
-    pub heartbeat_interval_ns: u64,
-    /// Missed heartbeats tolerated (rtrs.md §5: 5).
-    pub heartbeat_missed_max: u32,
-    /// How long a closing path waits for its disconnects before destroying
-    /// its connections anyway.
-    pub close_timeout_ns: u64,
-    /// How long a new path may take from its first CON_REQ to a complete
-    /// INFO_REQ/INFO_RSP exchange; a half-open path is closed at this
-    /// deadline so it cannot hold its connections forever (rnbd.md §8.1).
-    /// Default 5 s: the client brings its connections up back to back.
-    pub setup_timeout_ns: u64,
-    /// Most half-open paths (connecting, INFO_REQ not yet admitted) at
-    /// once, over all sessions and ports. When it is reached, a new path
-    /// evicts the oldest half-open one ([`CloseReason::Evicted`]).
-    pub max_half_open: u16,
-    /// Most half-open paths from one client IP address; a further new path
-    /// from it is refused with ENOMEM ([`ConnectRefusal::TooManyHalfOpen`]).
-    pub max_half_open_per_source: u16,
-    /// Connection events handled per `poll`, in total over all ports.
-    pub cm_budget: usize,
-    /// Work completions handled per `poll`, in total over all ports.
-    pub completion_budget: usize,
-    /// Capacity of the event queue.
-    pub event_capacity: usize,
-}
-
-impl ServerConfig {
-    /// Linux's defaults (rtrs.md §0): qd 512, 128 KiB chunks, 4 KiB header
-    /// reserve, always_invalidate on. 128 KiB IOs are split by the client
-    /// with these (rtrs.md §10); use [`ServerConfig::brick_default`].
-    pub const fn linux_default() -> Self {
-        Self {
-            port: wire::DEFAULT_PORT,
-            queue_depth: 512,
-            chunk_size: 128 * 1024,
-            max_hdr_size: 4096,
-            always_invalidate: true,
-            max_sessions: 16,
-            max_paths_per_session: 4,
-            max_connections_per_path: 64,
-            heartbeat_interval_ns: wire::HEARTBEAT_INTERVAL_MS as u64 * 1_000_000,
-            heartbeat_missed_max: wire::HEARTBEAT_MISSED_MAX,
-            close_timeout_ns: wire::CONNECT_TIMEOUT_MS as u64 * 1_000_000,
-            setup_timeout_ns: 5_000_000_000,
-            max_half_open: 16,
-            max_half_open_per_source: 4,
-            cm_budget: 16,
-            completion_budget: 64,
-            event_capacity: 1024,
-        }
-    }
-
-    /// Brick's default: as Linux, but 132 KiB chunks so a 128 KiB IO plus
-    /// its header fits one chunk (`max_io_size` = 128 KiB).
-    pub const fn brick_default() -> Self {
-        let mut config = Self::linux_default();
-        config.chunk_size = 128 * 1024 + 4096;
-        config
-    }
-
-    /// `max_io_size` as advertised: `chunk_size - max_hdr_size`.
-    pub const fn max_io_size(&self) -> u32 {
-        self.chunk_size.saturating_sub(self.max_hdr_size)
-    }
-
-    /// Checks the parameters (rtrs.md §10).
-    ///
-    /// # Errors
-    ///
-    /// [`ConfigError`] naming the broken rule.
-    pub fn check(&self) -> Result<ImmLayout, ConfigError> {
-        if self.queue_depth < 2 {
-            return Err(ConfigError::QueueDepth);
-        }
-        if self.max_hdr_size == 0 || self.max_io_size() == 0 {
-            return Err(ConfigError::ChunkSize);
-        }
-        let layout =
-            ImmLayout::for_queue_depth(self.queue_depth).map_err(|_| ConfigError::QueueDepth)?;
-        layout
-            .check_chunk_size(self.chunk_size)
-            .map_err(|_| ConfigError::ChunkSize)?;
-        if self.max_sessions == 0
-            || self.max_paths_per_session == 0
-            || usize::from(self.max_paths_per_session) > wire::MAX_PATHS_NUM
-            || self.max_connections_per_path == 0
-            || self.max_connections_per_path > wire::MAX_CID_NUM
-        {
-            return Err(ConfigError::Limits);
-        }
-        if self.cm_budget == 0 || self.completion_budget == 0 || self.event_capacity < 8 {
-            return Err(ConfigError::Limits);
-        }
-        if self.max_half_open == 0
-            || self.max_half_open_per_source == 0
-            || self.max_half_open_per_source > self.max_half_open
-            || self.setup_timeout_ns == 0
-        {
-            return Err(ConfigError::Limits);
-        }
-        Ok(layout)
-    }
-}
-
-/// Why a [`ServerConfig`] was refused.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum ConfigError {
-    /// `queue_depth` below 2.
-    QueueDepth,
-    /// `max_io_size` is zero, or chunk id + offset exceed 28 immediate bits.
-    ChunkSize,
-    /// A table capacity or budget is zero or beyond the protocol's limits.
-    Limits,
-    /// [`Server::with_ports`] got no port.
-    NoPorts,
-}
-
-impl fmt::Display for ConfigError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Self::QueueDepth => "queue depth below 2",
-            Self::ChunkSize => "chunk size does not fit the immediate or leaves no IO room",
-            Self::Limits => "table capacity or budget out of range",
-            Self::NoPorts => "no port (verbs provider) given",
-        })
-    }
-}
-
-impl core::error::Error for ConfigError {}
-
-/// A session (all paths with one session uuid), by slot and generation.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct SessionId {
-    /// Slot in the session table.
-    pub index: u16,
-    /// Generation of the slot, so a reused slot is a different id.
-    pub generation: u16,
-}
-
-/// A path, by slot and generation.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct PathId {
-    /// Slot in the path table.
-    pub index: u16,
-    /// Generation of the slot.
-    pub generation: u16,
-}
-
-/// Names one request handed to the consumer; answer it with
-/// [`Server::complete_io`] exactly once.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct IoToken {
-    /// The path the request arrived on.
-    pub path: PathId,
-    /// The chunk id (`buf_id`, also the response's `msg_id`).
-    pub chunk: u16,
-    /// Request generation of that chunk.
-    pub generation: u32,
-}
-
-/// Direction of an IO request.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum IoDirection {
-    /// RTRS WRITE: the data is in the chunk (`data`).
-    Write,
-    /// RTRS READ: fill `data` (or give an SGL) with `read_len` bytes.
-    Read {
-        /// Bytes the client asked for (`desc[0].len`), 0 for a data-less
-        /// read (RNBD FLUSH).
-        read_len: u32,
-    },
-}
-
-/// Why a path went down.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum CloseReason {
-    /// A connection was disconnected (DREQ, or a provider error).
-    Disconnected,
-    /// A work completion failed (other than a flush).
-    CompletionError,
-    /// No sign of life for `heartbeat_missed_max` intervals.
-    HeartbeatTimeout,
-    /// The peer broke the protocol (bad immediate, chunk reuse, INFO_REQ).
-    ProtocolViolation,
-    /// A reconnect of the same path uuid (newer `recon_cnt`) replaced it.
-    Replaced,
-    /// Posting a work request failed other than for queue room.
-    PostFailed,
-    /// The server was asked to close it ([`Server::close_path`]).
-    Local,
-    /// The path did not finish its setup (all connections and INFO_REQ)
-    /// within `setup_timeout_ns`.
-    SetupTimeout,
-    /// A half-open path made room for a newer one (`max_half_open`).
-    Evicted,
-    /// Refused at INFO_REQ ([`Event::PathRefused`] says why).
-    Refused,
-}
-
-/// What the server tells its consumer (RNBD).
-// The session name makes `SessionOpened` large; events live in a queue
-// allocated once, so the size costs memory, not allocation.
-#[allow(clippy::large_enum_variant)]
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Event {
-    /// The first path of a session came up (Linux LINK_EV_CONNECTED).
-    SessionOpened {
-        /// The session.
-        session: SessionId,
-        /// Its name from INFO_REQ.
-        name: heapless::String<PATHNAME_LEN>,
-    },
-    /// The last up path of a session went down (LINK_EV_DISCONNECTED).
-    SessionClosed {
-        /// The session.
-        session: SessionId,
-    },
-    /// A path finished INFO_REQ/INFO_RSP and carries IO.
-    PathUp {
-        /// The session.
-        session: SessionId,
-        /// The path.
-        path: PathId,
-        /// The client's address of the path's cid 0.
-        remote: Option<SocketAddr>,
-        /// The port the path's connections came in on (its memory lives
-        /// there; see [`Server::port`]).
-        port: usize,
-    },
-    /// A path was refused at INFO_REQ (the admission hook, the session
-    /// name, a limit or memory) and is being closed; it never came up and
-    /// held no session slot or chunk pool.
-    PathRefused {
-        /// The session name the INFO_REQ carried.
-        name: heapless::String<PATHNAME_LEN>,
-        /// The client's address of the path's cid 0.
-        remote: Option<SocketAddr>,
-        /// The port the path came in on.
-        port: usize,
-        /// Why.
-        reason: PathRefusal,
-    },
-    /// A path is closing; requests the consumer holds are still to be
-    /// answered (the answers are dropped).
-    PathDown {
-        /// The session.
-        session: SessionId,
-        /// The path.
-        path: PathId,
-        /// Why.
-        reason: CloseReason,
-    },
-    /// A request to serve.
-    Io {
-        /// The session.
-        session: SessionId,
-        /// Pass to [`Server::complete_io`].
-        token: IoToken,
-        /// Read or write.
-        direction: IoDirection,
-        /// The user (RNBD) header in the chunk: read it through
-        /// [`Server::port`]`(port)` (`Memory::read`).
-        header: MemoryHandle,
-        /// The data area at the chunk start (`offset - usr_len` bytes): the
-        /// write data, or the room for read data; in `port`'s memory.
-        data: MemoryHandle,
-        /// Whether it came on cid 0 (RNBD control messages do).
-        admin: bool,
-        /// The port of the request's path: `header` and `data` are handles
-        /// of that provider's memory ([`Server::port`] /
-        /// [`Server::port_mut`]).
-        port: usize,
-    },
-}
-
-/// Counters of a session or a path.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Stats {
-    /// Read requests answered.
-    pub reads: u64,
-    /// Bytes RDMA-written back to clients.
-    pub read_bytes: u64,
-    /// Write requests answered.
-    pub writes: u64,
-    /// Bytes received in write requests.
-    pub write_bytes: u64,
-    /// Requests answered with a non-zero errno.
-    pub errors: u64,
-    /// Paths replaced by a reconnect.
-    pub reconnects: u64,
-    /// Protocol violations seen.
-    pub protocol_errors: u64,
-    /// Heartbeats sent.
-    pub heartbeats_sent: u64,
-    /// Heartbeats answered (HB_ACK sent).
-    pub heartbeats_acked: u64,
-}
-
-/// Server-wide counters.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct ServerStats {
-    /// Connect requests accepted.
-    pub accepted: u64,
-    /// Connect requests rejected.
-    pub rejected: u64,
-    /// Paths closed.
-    pub paths_closed: u64,
-    /// Unknown or unexpected immediates ignored.
-    pub ignored_immediates: u64,
-    /// Events lost to a full queue (the consumer answered requests without
-    /// draining events; should stay 0).
-    pub events_dropped: u64,
-    /// Live paths replaced by a reconnect of the same path uuid (from the
-    /// path's own address, the old path dead or stale).
-    pub paths_replaced: u64,
-    /// Reconnects refused because the live path they named was fresh or
-    /// belonged to another client address.
-    pub takeovers_refused: u64,
-    /// Paths refused at INFO_REQ ([`Event::PathRefused`]).
-    pub paths_refused: u64,
-    /// Half-open paths evicted to make room for a newer one.
-    pub half_open_evicted: u64,
-    /// New paths refused because their address had
-    /// `max_half_open_per_source` half-open paths.
-    pub half_open_refused: u64,
-}
-
-/// How many table entries are in use: all zero when idle (leak checks).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Usage {
-    /// Sessions allocated.
-    pub sessions: usize,
-    /// Paths allocated (any state but free).
-    pub paths: usize,
-    /// Connections known.
-    pub connections: usize,
-    /// Requests not idle.
-    pub ios: usize,
-    /// Registered buffers the server holds.
-    pub buffers: usize,
-}
-
-/// Why [`Server::complete_io`] refused an answer.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum CompleteError {
-    /// The token names no request the consumer holds (answered twice, or
-    /// the path is gone).
-    UnknownRequest,
-    /// A read SGL whose length is not the requested length.
-    ReadLengthMismatch,
-}
-
-impl fmt::Display for CompleteError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Self::UnknownRequest => "no such outstanding request",
-            Self::ReadLengthMismatch => "read data length differs from the request",
-        })
-    }
-}
-
-impl core::error::Error for CompleteError {}
-
-/// Why a connect request was refused (the CONN_RSP errno follows from it).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum ConnectRefusal {
-    /// The CON_REQ did not parse (short, magic, version, cid/cid_num).
-    Malformed(ParseError),
-    /// No session with that uuid and `first_conn` clear.
-    NoSession,
-    /// `max_sessions` reached.
-    TooManySessions,
-    /// `max_paths_per_session` reached.
-    TooManyPaths,
-    /// `cid_num` above `max_connections_per_path`.
-    TooManyConnections,
-    /// The path exists and is up, and the request is no newer reconnect;
-    /// or it is, but comes from another address than the path's, or the
-    /// path is not stale (it answered within the last heartbeat interval).
-    PathStillUp,
-    /// `cid_num` differs from the path's, or the cid is already connected.
-    ConnectionMismatch,
-    /// The registered-memory pool could not hold the path's chunks.
-    OutOfMemory,
-    /// Another path of the session uses the same address pair.
-    PathExists,
-    /// The client address has `max_half_open_per_source` half-open paths.
-    TooManyHalfOpen,
-}
-
-impl ConnectRefusal {
-    /// The errno the CONN_RSP carries (one mapping, rtrs.md §2.4).
-    pub const fn errno(self) -> u16 {
-        match self {
-            Self::Malformed(_) | Self::PathStillUp | Self::ConnectionMismatch => errno::ECONNRESET,
-            Self::TooManyConnections => errno::ECONNRESET,
-            Self::NoSession => errno::ENXIO,
-            Self::PathExists => errno::EEXIST,
-            Self::TooManySessions
-            | Self::TooManyPaths
-            | Self::OutOfMemory
-            | Self::TooManyHalfOpen => errno::ENOMEM,
-        }
-    }
-}
 
 /// Kinds of work request, in the top byte of [`WrId`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
