@@ -277,3 +277,25 @@ fn a_reconnect_after_session_closed_gets_a_new_session() {
         }
     )));
 }
+
+#[test]
+fn limits_and_names_are_checked_again_at_info_req() {
+    let mut h = Harness::new(small_config()); // 2 sessions
+    let _a = ClientPath::open(&mut h, 1, 1, 1, "one");
+    // Two new sessions get past their CON_REQs while one slot is free...
+    let b = h.request(&con_req(0, 1, 2, 2, 1));
+    let c = h.request(&con_req(0, 1, 3, 3, 1));
+    assert!(h.was_accepted(b) && h.was_accepted(c));
+    // ...but only the first admitted gets it.
+    h.info_req(b, "two");
+    h.info_req(c, "three");
+    assert_eq!(refusals(&h.drain_events()), [PathRefusal::TooManySessions]);
+    assert!(h.mock().disconnected.contains(&c));
+    // A second path of session "one" presenting another name is refused.
+    let d = h.request(&con_req(0, 1, 4, 1, 1));
+    h.info_req(d, "other");
+    assert_eq!(refusals(&h.drain_events()), [PathRefusal::NameMismatch]);
+    h.drain();
+    let usage = h.server.usage();
+    assert_eq!((usage.sessions, usage.paths), (2, 2));
+}
