@@ -1,7 +1,10 @@
 //! Closing paths (rtrs.md §6.1): disconnecting, freeing once nothing is
 //! held, and freeing the session with its last path.
 
-use super::*;
+use verbs::{ConnId, Verbs};
+
+use super::table::PathState;
+use super::{CloseReason, Event, IoState, Server};
 
 impl<V: Verbs> Server<V> {
     pub(super) fn detach_conn(&mut self, path: u16, conn: ConnId) {

@@ -1,7 +1,9 @@
 //! The server's configuration: protocol parameters, table capacities,
 //! budgets and the limits on half-open paths.
 
-use super::*;
+use core::fmt;
+
+use crate::wire::{self, ImmLayout};
 
 /// Configuration: protocol parameters and the table capacities.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -2,7 +2,13 @@
 //! path a CON_REQ names, accepting or rejecting it, and the CM events of
 //! accepted connections.
 
-use super::*;
+use core::net::SocketAddr;
+
+use verbs::{CmEvent, ConnId, ConnParams, RecvWr, Sgl, Verbs};
+
+use super::table::PathState;
+use super::{wr_id, CloseReason, ConnectRefusal, Connection, Server, Stats, WrKind};
+use crate::wire::{self, ConnReq, ConnRsp, ConnRspFlags, Uuid};
 
 impl<V: Verbs> Server<V> {
     // ----- connection management ----------------------------------------------

@@ -1,7 +1,13 @@
 //! INFO_REQ / INFO_RSP (rtrs.md §3): a path's setup after all its
 //! connections are up.
 
-use super::*;
+use verbs::{PostError, RecvWr, SendOp, SendWr, Sgl, Verbs, WcOpcode, WorkCompletion};
+use zerocopy::little_endian::U16;
+use zerocopy::IntoBytes;
+
+use super::table::PathState;
+use super::{wr_id, Admission, CloseReason, Event, PathRefusal, Server, WrKind, RECV_BATCH};
+use crate::wire::{self, BufferDesc, InfoReq, InfoRsp, RawInfoRspHeader, SgDesc, PATHNAME_LEN};
 
 impl<V: Verbs> Server<V> {
     /// rtrs.md §3.2.

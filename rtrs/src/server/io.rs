@@ -1,7 +1,13 @@
 //! The IO path (rtrs.md §4): IO_REQ immediates, LOCAL_INV, request parsing
 //! with the checks of rnbd.md §8.2, and the response chains of §4.6.
 
-use super::*;
+use verbs::{PostError, RecvWr, Rkey, SendOp, SendWr, Sgl, Verbs, WorkCompletion};
+
+use super::table::{ReadInfo, Response};
+use super::{
+    errno, wr_id, CloseReason, Event, IoDirection, IoState, IoToken, ReadData, Server, WrKind,
+};
+use crate::wire::{Imm, IoMsg, IoRequest, ParseError, ReadMsg, RkeyRsp};
 
 impl<V: Verbs> Server<V> {
     /// rtrs.md §4.5 step 1-2, §5.

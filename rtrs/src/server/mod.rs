@@ -195,27 +195,16 @@ extern crate alloc;
 
 use alloc::collections::VecDeque;
 use alloc::vec::Vec;
-use core::fmt;
-use core::net::SocketAddr;
 
-use verbs::{
-    AccessFlags, CmEvent, ConnId, ConnParams, ConnectError, MemoryHandle, PostError, RecvWr, Rkey,
-    SendOp, SendWr, Sgl, Verbs, WcOpcode, WcStatus, WorkCompletion, WrId,
-};
-
-use zerocopy::little_endian::U16;
-use zerocopy::IntoBytes;
+use verbs::{ConnId, ConnectError, Verbs, WcStatus, WorkCompletion, WrId};
 
 use crate::link;
-use crate::wire::{
-    self, BufferDesc, ConnReq, ConnRsp, ConnRspFlags, Imm, ImmLayout, InfoReq, InfoRsp, IoMsg,
-    IoRequest, ParseError, RawInfoRspHeader, ReadMsg, RkeyRsp, SgDesc, Uuid, PATHNAME_LEN,
-};
+use crate::wire::ImmLayout;
 
 pub use self::admission::{Admission, AdmitAll, PathRefusal, PathRequest};
 pub use self::config::{ConfigError, ServerConfig};
-use self::table::{ChunkSlot, PathSlot, PathState, ReadInfo, Response, SessionSlot};
 pub use self::table::{IoState, ReadData};
+use self::table::{PathSlot, PathState, Response, SessionSlot};
 pub use self::types::{
     CloseReason, CompleteError, ConnectRefusal, Event, IoDirection, IoToken, PathId, ServerStats,
     SessionId, Stats, Usage,

@@ -1,9 +1,11 @@
 //! A path's registered memory: its chunk pool and control buffers, taken
 //! from and given back to the path's port.
 
-use verbs::MemoryRegion;
+use verbs::{AccessFlags, MemoryRegion, Verbs};
 
-use super::*;
+use super::table::ChunkSlot;
+use super::{ConnectRefusal, Server};
+use crate::wire::{InfoReq, RkeyRsp};
 
 impl<V: Verbs> Server<V> {
     /// Allocates and registers one buffer of `len` bytes on `port`.

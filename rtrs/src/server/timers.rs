@@ -1,9 +1,12 @@
 //! Timed and parked work: heartbeats (rtrs.md §5), setup and close
 //! deadlines, responses and acks waiting for send-queue room.
 
-use crate::link::Beat;
+use verbs::{SendWr, Verbs};
 
-use super::*;
+use super::table::PathState;
+use super::{wr_id, CloseReason, IoState, PathId, Server, WrKind};
+use crate::link::{self, Beat};
+use crate::wire::Imm;
 
 impl<V: Verbs> Server<V> {
     // ----- heartbeats and parked work ------------------------------------------

@@ -1,7 +1,13 @@
 //! The server's public vocabulary: ids, IO directions, events, counters
 //! and the reasons for refusals and closes.
 
-use super::*;
+use core::fmt;
+use core::net::SocketAddr;
+
+use verbs::MemoryHandle;
+
+use super::{errno, PathRefusal};
+use crate::wire::{ParseError, PATHNAME_LEN};
 
 /// A session (all paths with one session uuid), by slot and generation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
