@@ -40,10 +40,10 @@ pub struct ServerConfig {
     pub setup_timeout_ns: u64,
     /// Most half-open paths (connecting, INFO_REQ not yet admitted) at
     /// once, over all sessions and ports. When it is reached, a new path
-    /// evicts the oldest half-open one ([`CloseReason::Evicted`]).
+    /// evicts the oldest half-open one ([`CloseReason::Evicted`](super::CloseReason::Evicted)).
     pub max_half_open: u16,
     /// Most half-open paths from one client IP address; a further new path
-    /// from it is refused with ENOMEM ([`ConnectRefusal::TooManyHalfOpen`]).
+    /// from it is refused with ENOMEM ([`ConnectRefusal::TooManyHalfOpen`](super::ConnectRefusal::TooManyHalfOpen)).
     pub max_half_open_per_source: u16,
     /// Connection events handled per `poll`, in total over all ports.
     pub cm_budget: usize,
@@ -141,7 +141,7 @@ pub enum ConfigError {
     ChunkSize,
     /// A table capacity or budget is zero or beyond the protocol's limits.
     Limits,
-    /// [`Server::with_ports`] got no port.
+    /// [`Server::with_ports`](super::Server::with_ports) got no port.
     NoPorts,
 }
 

@@ -28,7 +28,7 @@ pub struct PathId {
 }
 
 /// Names one request handed to the consumer; answer it with
-/// [`Server::complete_io`] exactly once.
+/// [`Server::complete_io`](super::Server::complete_io) exactly once.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct IoToken {
     /// The path the request arrived on.
@@ -68,7 +68,7 @@ pub enum CloseReason {
     Replaced,
     /// Posting a work request failed other than for queue room.
     PostFailed,
-    /// The server was asked to close it ([`Server::close_path`]).
+    /// The server was asked to close it ([`Server::close_path`](super::Server::close_path)).
     Local,
     /// The path did not finish its setup (all connections and INFO_REQ)
     /// within `setup_timeout_ns`.
@@ -107,7 +107,7 @@ pub enum Event {
         /// The client's address of the path's cid 0.
         remote: Option<SocketAddr>,
         /// The port the path's connections came in on (its memory lives
-        /// there; see [`Server::port`]).
+        /// there; see [`Server::port`](super::Server::port)).
         port: usize,
     },
     /// A path was refused at INFO_REQ (the admission hook, the session
@@ -137,12 +137,12 @@ pub enum Event {
     Io {
         /// The session.
         session: SessionId,
-        /// Pass to [`Server::complete_io`].
+        /// Pass to [`Server::complete_io`](super::Server::complete_io).
         token: IoToken,
         /// Read or write.
         direction: IoDirection,
         /// The user (RNBD) header in the chunk: read it through
-        /// [`Server::port`]`(port)` (`Memory::read`).
+        /// [`Server::port`](super::Server::port)`(port)` (`Memory::read`).
         header: MemoryHandle,
         /// The data area at the chunk start (`offset - usr_len` bytes): the
         /// write data, or the room for read data; in `port`'s memory.
@@ -150,8 +150,8 @@ pub enum Event {
         /// Whether it came on cid 0 (RNBD control messages do).
         admin: bool,
         /// The port of the request's path: `header` and `data` are handles
-        /// of that provider's memory ([`Server::port`] /
-        /// [`Server::port_mut`]).
+        /// of that provider's memory ([`Server::port`](super::Server::port) /
+        /// [`Server::port_mut`](super::Server::port_mut)).
         port: usize,
     },
 }
@@ -223,7 +223,7 @@ pub struct Usage {
     pub buffers: usize,
 }
 
-/// Why [`Server::complete_io`] refused an answer.
+/// Why [`Server::complete_io`](super::Server::complete_io) refused an answer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum CompleteError {
