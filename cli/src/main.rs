@@ -37,6 +37,7 @@ mod io;
 mod manifest_cmd;
 mod pattern;
 mod progress;
+mod scale;
 mod size;
 
 use std::process::ExitCode;
@@ -73,6 +74,17 @@ enum Command {
     #[command(after_help = "Example:\n  \
         brick bench --target 127.0.0.1 --link udp:127.0.0.2:4791 --session host1 --volume vol0 --rw randread --bs 4k --qd 32 --runtime 10")]
     Bench(bench::BenchArgs),
+    /// Many sessions from one process, each from its own loopback
+    /// address, doing verified IO at a fixed queue depth.
+    ///
+    /// Session i binds FIRST_SOURCE + i on the target's UDP port and is
+    /// named PREFIX-i; all connect at once. Reports the time until all are
+    /// up, IOPS over all, per-session latency and errors.
+    #[command(
+        after_help = "Example (a target on --link udp:127.0.0.1:4791 whose manifest admits 100 sessions):\n  \
+        brick scale --target 127.0.0.1 --udp-port 4791 --sessions 100 --volume vol0 --qd 16 --runtime 10"
+    )]
+    Scale(scale::ScaleArgs),
     /// Check or build a boot manifest, flash it onto a boot disk, show
     /// what a disk boots with.
     #[command(subcommand)]
@@ -111,6 +123,7 @@ fn main() -> ExitCode {
     let result = match &cli.command {
         Command::Io(args) => io::run(args),
         Command::Bench(args) => bench::run(args),
+        Command::Scale(args) => scale::run(args),
         Command::Manifest(command) => manifest_cmd::run(command),
         Command::Image(ImageCommand::Build(args)) => disk_image::build(args),
         Command::Status(args) => daemon_cmd::status(args),

@@ -312,6 +312,8 @@ struct Host {
     stash: VecDeque<(Completion, Vec<u8>)>,
     next_tag: u64,
     io_timeout: Duration,
+    /// SESS_INFO answered ([`Session::poll_up`]).
+    up: bool,
 }
 
 impl Host {
@@ -442,6 +444,29 @@ impl Session {
     /// [`Error::Connect`], [`Error::ConnectTimeout`] (naming the last
     /// connect failure), [`Error::LinkFailed`].
     pub fn connect(spec: &SessionSpec) -> Result<Session, Error> {
+        let session = Session::begin(spec)?;
+        let up = {
+            let mut host = session.host.borrow_mut();
+            host.run_until(spec.connect_timeout, |h| {
+                h.take_event(|e| matches!(e, Event::SessionUp { .. }))
+            })?
+        };
+        if up.is_none() {
+            return Err(session.connect_timeout(spec.connect_timeout));
+        }
+        session.host.borrow_mut().up = true;
+        Ok(session)
+    }
+
+    /// Opens the link, builds the HCA and the initiator and starts the
+    /// session without waiting for it: drive it with [`Session::poll_up`]
+    /// (a tool that brings many sessions up at once, `brick scale`).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Link`], [`Error::NotIpv4`], [`Error::Init`],
+    /// [`Error::Connect`].
+    pub fn begin(spec: &SessionSpec) -> Result<Session, Error> {
         let link = spec.link.open().map_err(|error| Error::Link {
             spec: spec.link.to_string(),
             error,
@@ -473,7 +498,7 @@ impl Session {
         let clock = MonotonicClock::new();
         init.connect(&spec.name, &spec.paths, clock.now())
             .map_err(Error::Connect)?;
-        let mut host = Host {
+        let host = Host {
             init,
             link,
             clock,
@@ -482,25 +507,54 @@ impl Session {
             stash: VecDeque::new(),
             next_tag: BLOCKING_TAG_BASE,
             io_timeout: spec.io_timeout,
+            up: false,
         };
-        let up = host.run_until(spec.connect_timeout, |h| {
-            h.take_event(|e| matches!(e, Event::SessionUp { .. }))
-        })?;
-        if up.is_none() {
-            let last = host.events.iter().rev().find_map(|e| match e {
-                Event::PathConnectFailed { reason, .. } | Event::PathDown { reason, .. } => {
-                    Some(*reason)
-                }
-                _ => None,
-            });
-            return Err(Error::ConnectTimeout {
-                waited: spec.connect_timeout,
-                last,
-            });
-        }
         Ok(Session {
             host: Rc::new(RefCell::new(host)),
         })
+    }
+
+    /// One turn of the loop without blocking (see [`Session::begin`]);
+    /// returns whether the session is up (SESS_INFO answered).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::LinkFailed`].
+    pub fn poll_up(&self) -> Result<bool, Error> {
+        let mut host = self.host.borrow_mut();
+        if !host.up {
+            let up = host.run_until(Duration::ZERO, |h| {
+                h.take_event(|e| matches!(e, Event::SessionUp { .. }))
+            })?;
+            host.up = up.is_some();
+        }
+        Ok(host.up)
+    }
+
+    /// The error of a session not up after `waited`, naming the last
+    /// connect failure.
+    pub fn connect_timeout(&self, waited: Duration) -> Error {
+        let host = self.host.borrow();
+        let last = host.events.iter().rev().find_map(|e| match e {
+            Event::PathConnectFailed { reason, .. } | Event::PathDown { reason, .. } => {
+                Some(*reason)
+            }
+            _ => None,
+        });
+        Error::ConnectTimeout { waited, last }
+    }
+
+    /// Adds this session's link to `idle` and returns the earliest
+    /// deadline of its HCA and initiator: a tool that drives many
+    /// sessions from one thread waits on all of them at once.
+    pub fn watch(&self, idle: &mut PollIdle) -> Option<u64> {
+        let host = self.host.borrow();
+        idle.watch_link(&host.link);
+        let now = host.clock.now();
+        [host.init.poll_at(), host.init.verbs().0.poll_at(now)]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     /// Opens `device_path` as `mode` and waits for the answer.

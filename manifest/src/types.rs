@@ -21,8 +21,10 @@ pub const MAX_BACKING_PATH_LEN: usize = 4095;
 pub const MAX_SERIAL_LEN: usize = 20;
 /// Most network interfaces in one manifest.
 pub const MAX_INTERFACES: usize = 8;
-/// Most volumes in one manifest.
-pub const MAX_VOLUMES: usize = 256;
+/// Most volumes in one manifest: as many as sessions (`bounds::MAX_SESSIONS`),
+/// so a rack of hosts can each have a volume of its own (RNBD admits one
+/// writer per volume, as Linux does).
+pub const MAX_VOLUMES: usize = 1024;
 /// Most access rules in one manifest.
 pub const MAX_ACCESS_RULES: usize = 256;
 /// Volume sizes and file sizes are multiples of this (one page, the largest

@@ -12,4 +12,4 @@ pub const MAX_DEVICES_PER_SESSION: usize = 32;
 /// Volumes the server tracks (writer counts and statistics): the manifest's
 /// own cap (`manifest::types::MAX_VOLUMES`). [`crate::server::VolumeId`]s are
 /// indexes below this.
-pub const MAX_VOLUMES: usize = 256;
+pub const MAX_VOLUMES: usize = 1024;

@@ -401,8 +401,21 @@ fn brick_initiator_linux_rnbd_server(
         })
         .collect();
     if !trouble.is_empty() {
+        // What Brick's side saw of the same sessions: every log line that is
+        // not IO progress (path events, reconnects, the reports).
+        let mut brick_side = String::new();
+        for index in 0..runs.len() {
+            let log =
+                std::fs::read_to_string(dir.join(format!("brick-{index}.log"))).unwrap_or_default();
+            for line in log
+                .lines()
+                .filter(|l| !l.contains('\r') && !l.contains(" IOPS "))
+            {
+                brick_side.push_str(&format!("brick-{index}: {line}\n"));
+            }
+        }
         bail!(
-            "the Linux server logged trouble with Brick's initiator:\n{}",
+            "the Linux server logged trouble with Brick's initiator:\n{}\n--- Linux rtrs/rnbd log ---\n{kernel}\n--- Brick's logs ---\n{brick_side}",
             trouble.join("\n")
         );
     }

@@ -8,6 +8,7 @@
 
 mod bench;
 mod bench_initiator;
+mod bench_scale;
 mod demo;
 mod first_map;
 mod image;
@@ -65,6 +66,10 @@ enum Command {
     BenchVm(bench::BenchArgs),
     /// Brick's initiator (`brick bench`) against every target it reaches.
     BenchInitiator(bench_initiator::BenchInitiatorArgs),
+    /// One hosted target against 10, 100 and 1,000 concurrent sessions
+    /// (and 100 `brick bench` processes): connect time, IOPS, latency,
+    /// memory and CPU per session.
+    BenchScale(bench_scale::BenchScaleArgs),
 }
 
 #[derive(Subcommand)]
@@ -100,6 +105,7 @@ fn main() {
         Command::Relay(args) => relay::run_standalone(args),
         Command::BenchVm(args) => bench::run(args),
         Command::BenchInitiator(args) => bench_initiator::run(args),
+        Command::BenchScale(args) => bench_scale::run(args),
     };
     if let Err(error) = result {
         eprintln!("error: {error:#}");
