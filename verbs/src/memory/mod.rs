@@ -15,7 +15,7 @@
 
 mod arena;
 
-pub use arena::{Arena, SglSlices};
+pub use arena::{Arena, SglSlices, MAX_REGIONS};
 
 use crate::access::AccessFlags;
 use crate::error::AccessError;
