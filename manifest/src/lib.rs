@@ -181,6 +181,7 @@
 #![warn(missing_docs)]
 
 pub mod binary;
+pub mod capacity;
 pub mod slot;
 pub mod types;
 
@@ -190,6 +191,7 @@ mod compile;
 pub mod config;
 
 pub use binary::{Manifest, MemoryError, ReadError};
+pub use capacity::Capacity;
 #[cfg(feature = "std")]
 pub use compile::{build, compile, compile_file, toml_error_location, CompileError};
 #[cfg(feature = "std")]

@@ -2,8 +2,8 @@
 //!
 //! An HCA ([`crate::hca::Hca::with_capacity`]) allocates every table once,
 //! when it is built, from its capacity: the QP table (`qps` queue pairs,
-//! each with queues of `send_depth` and `recv_depth` entries), as many CM
-//! connection slots, the memory-region table (`regions`) and the completion
+//! each with queues of `send_depth` and `recv_depth` entries), the CM
+//! connection slots (`cm_connections`), the memory-region table (`regions`) and the completion
 //! queue (`cq_entries`). Nothing grows afterwards.
 //!
 //! The completion queue cannot overflow: a QP's depths bound its queued
@@ -41,7 +41,14 @@ pub struct HcaCapacity {
     pub recv_depth: usize,
     /// Completion queue entries.
     pub cq_entries: usize,
+    /// CM connection slots, 1..=[`MAX_QPS`]: a connection stays in the CM
+    /// (timewait, a REJ's retries) after its QP is gone, so more than
+    /// `qps` ([`HcaCapacity::new`]: twice, plus [`SPARE_CM_CONNECTIONS`]).
+    pub cm_connections: usize,
 }
+
+/// CM connection slots [`HcaCapacity::new`] adds to twice the QPs.
+pub const SPARE_CM_CONNECTIONS: usize = 16;
 
 /// Why an [`HcaCapacity`] cannot be built.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -49,6 +56,8 @@ pub struct HcaCapacity {
 pub enum CapacityError {
     /// `qps` outside 1..=[`MAX_QPS`].
     Qps(usize),
+    /// `cm_connections` outside 1..=[`MAX_QPS`].
+    CmConnections(usize),
     /// `regions` outside 1..=[`MAX_REGIONS`].
     Regions(usize),
     /// A depth of 0.
@@ -66,6 +75,9 @@ impl fmt::Display for CapacityError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Qps(qps) => write!(f, "{qps} queue pairs: expected 1..={MAX_QPS}"),
+            Self::CmConnections(n) => {
+                write!(f, "{n} CM connection slots: expected 1..={MAX_QPS}")
+            }
             Self::Regions(regions) => {
                 write!(f, "{regions} memory regions: expected 1..={MAX_REGIONS}")
             }
@@ -106,7 +118,8 @@ impl HcaMemory {
 
 impl HcaCapacity {
     /// A capacity of `qps` QPs of the given depths and `regions` memory
-    /// regions, with a completion queue holding every QP's budget.
+    /// regions, with a completion queue holding every QP's budget and
+    /// `2 · qps + SPARE_CM_CONNECTIONS` CM slots (at most [`MAX_QPS`]).
     ///
     /// # Errors
     /// [`CapacityError`] for counts out of range.
@@ -122,6 +135,10 @@ impl HcaCapacity {
             send_depth,
             recv_depth,
             cq_entries: qps.saturating_mul(send_depth.saturating_add(recv_depth)),
+            cm_connections: qps
+                .saturating_mul(2)
+                .saturating_add(SPARE_CM_CONNECTIONS)
+                .min(MAX_QPS),
         };
         capacity.check()?;
         Ok(capacity)
@@ -142,6 +159,7 @@ impl HcaCapacity {
             send_depth,
             recv_depth,
             cq_entries: C.max(qps * (send_depth + recv_depth)),
+            cm_connections: qps,
         }
     }
 
@@ -152,6 +170,9 @@ impl HcaCapacity {
     pub fn check(&self) -> Result<(), CapacityError> {
         if !(1..=MAX_QPS).contains(&self.qps) {
             return Err(CapacityError::Qps(self.qps));
+        }
+        if !(1..=MAX_QPS).contains(&self.cm_connections) {
+            return Err(CapacityError::CmConnections(self.cm_connections));
         }
         if !(1..=MAX_REGIONS).contains(&self.regions) {
             return Err(CapacityError::Regions(self.regions));
@@ -176,10 +197,10 @@ impl HcaCapacity {
     /// What the tables of an HCA of this capacity take.
     pub fn memory(&self) -> HcaMemory {
         HcaMemory {
-            qps: self
-                .qps
-                .saturating_mul(Qp::bytes_for(self.send_depth, self.recv_depth)),
-            cm: self.qps.saturating_mul(Cm::<0>::slot_bytes()),
+            qps: self.qps.saturating_mul(
+                Qp::bytes_for(self.send_depth, self.recv_depth) + crate::hca::SLOT_BYTES,
+            ),
+            cm: self.cm_connections.saturating_mul(Cm::<0>::slot_bytes()),
             cq: CompletionQueue::bytes_for(self.cq_entries),
             regions: Arena::<&mut [u8]>::table_bytes(self.regions),
         }

@@ -292,6 +292,13 @@ impl Link {
     }
 }
 
+/// Bytes of one QP slot besides the spare QP and its queues
+/// ([`Qp::bytes_for`]): the table entry, the CM link, generation, free list.
+pub(crate) const SLOT_BYTES: usize = core::mem::size_of::<Option<Qp>>()
+    + core::mem::size_of::<Link>()
+    + core::mem::size_of::<u32>()
+    + core::mem::size_of::<usize>();
+
 /// The UDP source port rxe gives a CM-made RC QP: folded from the RDMA CM
 /// flow label `(src_port * 31 + dst_port) & 0xFFFFF` (roce-v2.md §1.3).
 pub const fn rdma_cm_udp_src_port(src_port: u16, dst_port: u16) -> u16 {
@@ -422,7 +429,7 @@ where
                     max_path_mtu: Mtu::Mtu1024,
                     ..cm::Config::new(guid_from_mac(mac))
                 },
-                qps,
+                capacity.cm_connections,
             ),
             arp,
             arp_out: Deque::new(),
@@ -439,6 +446,11 @@ where
     /// The sizes of the HCA's tables.
     pub fn capacity(&self) -> HcaCapacity {
         self.capacity
+    }
+
+    /// QPs that exist now (at most `capacity().qps`).
+    pub fn qp_count(&self) -> usize {
+        self.capacity.qps - self.free_slots.len()
     }
 
     /// The completion queue (occupancy and reservations, for tests and
@@ -496,7 +508,7 @@ where
                 max_path_mtu: mtu,
                 ..*self.cm.config()
             },
-            self.capacity.qps,
+            self.capacity.cm_connections,
         );
     }
 

@@ -339,8 +339,26 @@ impl<const N: usize> Cm<N> {
         })
     }
 
-    fn vacant_slot(&self) -> Option<usize> {
-        self.conns.iter().position(Conn::is_reusable)
+    /// A free slot; when none is, the timewait connection closest to its
+    /// end is ended early to make one (timewait only guards against stray
+    /// packets of a connection that is gone, a full table must not refuse
+    /// new connections for it). Counted in [`Stats::timewaits_cut`].
+    fn vacant_slot(&mut self) -> Option<usize> {
+        if let Some(index) = self.conns.iter().position(Conn::is_reusable) {
+            return Some(index);
+        }
+        let index = self
+            .conns
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| c.state == State::Timewait && !c.tx_pending && c.events.is_empty())
+            .min_by_key(|(_, c)| c.timer.map_or(0, |t| t.deadline))
+            .map(|(index, _)| index)?;
+        let conn = &mut self.conns[index];
+        conn.state = State::Idle;
+        conn.timer = None;
+        self.stats.timewaits_cut += 1;
+        Some(index)
     }
 
     // ----------------------------------------------------------------- events
