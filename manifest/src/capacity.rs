@@ -53,8 +53,8 @@ pub const POOL_CONTROL_BYTES: u64 = 64 << 10;
 pub const SPARE_CM_CONNECTIONS: u64 = 16;
 /// Most QPs one HCA holds (a CM connection id keeps its slot in 16 bits).
 pub const MAX_QPS: u64 = 1 << 16;
-/// Most memory regions one HCA holds.
-pub const MAX_REGIONS: u64 = 1 << 16;
+/// Most memory regions one HCA holds (verbs' region table).
+pub const MAX_REGIONS: u64 = 1 << 20;
 /// RAM the bare-metal image can use: it serves from RAM below 4 GiB, and
 /// QEMU's `pc` machine puts at most 3 GiB of it there (the rest of the
 /// first 4 GiB is the PCI hole).

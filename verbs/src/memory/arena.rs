@@ -51,7 +51,7 @@ struct Slot {
     registration: Option<Registration>,
 }
 
-/// Registered-memory pool with a fixed table of at most 65 536 buffers,
+/// Registered-memory pool with a fixed table of at most [`MAX_REGIONS`] buffers,
 /// sized when built: [`Arena::with_regions`] takes the count at run time
 /// (the type's `N` is then unused, `Arena<S>`), [`Arena::new`] takes `N`.
 ///
@@ -96,16 +96,19 @@ pub struct Arena<S, const N: usize = 0> {
     /// construction), freed slots are reused.
     slots: Vec<Slot>,
     /// Indices of live slots, sorted by start (first-fit allocation).
-    order: Vec<u16>,
-    /// Size of the region table (1..=65536).
+    order: Vec<u32>,
+    /// Size of the region table (1..=[`MAX_REGIONS`]).
     regions: usize,
 }
 
-/// Most regions an arena's table holds (a key's slot part is 16 bits).
-pub const MAX_REGIONS: usize = 1 << 16;
+/// Most regions an arena's table holds: a key's 24-bit index part is the
+/// slot plus a random multiple of the table size, so at least 16
+/// multiples remain (a guessed key names a live region with probability
+/// about `regions / 2^32`).
+pub const MAX_REGIONS: usize = 1 << 20;
 
 impl<S: AsRef<[u8]> + AsMut<[u8]>, const N: usize> Arena<S, N> {
-    const TABLE_FITS: () = assert!(N > 0 && N <= MAX_REGIONS, "Arena: N must be in 1..=65536");
+    const TABLE_FITS: () = assert!(N > 0 && N <= MAX_REGIONS, "Arena: N must be in 1..=2^20");
 
     /// A pool over `storage` with a table of `N` regions (its current
     /// contents are irrelevant: buffers are zeroed on allocation).
@@ -129,7 +132,7 @@ impl<S: AsRef<[u8]> + AsMut<[u8]>, const N: usize> Arena<S, N> {
     /// Bytes the region table of `regions` regions takes (what
     /// [`Arena::with_regions`] allocates besides the storage).
     pub const fn table_bytes(regions: usize) -> usize {
-        regions * (core::mem::size_of::<Slot>() + core::mem::size_of::<u16>())
+        regions * (core::mem::size_of::<Slot>() + core::mem::size_of::<u32>())
     }
 
     /// Size of the region table: most buffers the arena holds at once.
@@ -186,7 +189,7 @@ impl<S: AsRef<[u8]> + AsMut<[u8]>, const N: usize> Arena<S, N> {
             live: true,
             registration: None,
         };
-        let index = u16::try_from(slot_index).map_err(|_| AllocError::TableFull)?;
+        let index = u32::try_from(slot_index).map_err(|_| AllocError::TableFull)?;
         // Both pushes stay within the capacity reserved at construction
         // (`slot_index < regions`; `order` holds one entry per live slot).
         if slot_index == self.slots.len() {
@@ -202,7 +205,7 @@ impl<S: AsRef<[u8]> + AsMut<[u8]>, const N: usize> Arena<S, N> {
     fn find_gap(&self, len: usize, align: usize) -> Result<(usize, usize), AllocError> {
         let mut cursor = 0usize;
         for (position, &index) in self.order.iter().enumerate() {
-            let slot = &self.slots[usize::from(index)];
+            let slot = &self.slots[index as usize];
             if let Some(start) = fit(cursor, slot.start, len, align) {
                 return Ok((position, start));
             }
@@ -230,7 +233,7 @@ impl<S: AsRef<[u8]> + AsMut<[u8]>, const N: usize> Arena<S, N> {
         let slot = &mut self.slots[index];
         slot.live = false;
         slot.registration = None;
-        self.order.retain(|&live| usize::from(live) != index);
+        self.order.retain(|&live| live as usize != index);
         Ok(())
     }
 
@@ -334,7 +337,7 @@ impl<S: AsRef<[u8]> + AsMut<[u8]>, const N: usize> Arena<S, N> {
         let index = self.lkey_slot(lkey)?;
         let slot = &self.slots[index];
         let reg = slot.registration.ok_or(AccessError::InvalidKey)?;
-        let id = RegionId::new(index as u16, slot.generation);
+        let id = RegionId::new(index as u32, slot.generation);
         Ok(describe(slot, id, reg.lkey, reg.rkey, reg.access))
     }
 
@@ -421,7 +424,7 @@ impl<S: AsRef<[u8]> + AsMut<[u8]>, const N: usize> Arena<S, N> {
         if !reg.access.contains(access) {
             return Err(AccessError::AccessDenied);
         }
-        let id = RegionId::new(index as u16, slot.generation);
+        let id = RegionId::new(index as u32, slot.generation);
         MemoryHandle::new(id, 0, slot.len)
             .slice(sge.offset, sge.len)
             .ok_or(AccessError::OutOfBounds)
@@ -455,7 +458,7 @@ impl<S: AsRef<[u8]> + AsMut<[u8]>, const N: usize> Arena<S, N> {
             .checked_sub(slot.start as u64)
             .ok_or(AccessError::OutOfBounds)?;
         let offset = u32::try_from(offset).map_err(|_| AccessError::OutOfBounds)?;
-        let id = RegionId::new(index as u16, slot.generation);
+        let id = RegionId::new(index as u32, slot.generation);
         MemoryHandle::new(id, 0, slot.len)
             .slice(offset, len)
             .ok_or(AccessError::OutOfBounds)
@@ -579,7 +582,7 @@ impl<S: AsRef<[u8]> + AsMut<[u8]>, const N: usize> Arena<S, N> {
         let id = handle.region();
         let slot = self
             .slots
-            .get(usize::from(id.index()))
+            .get(id.index() as usize)
             .ok_or(AccessError::StaleHandle)?;
         if !slot.live || slot.generation != id.generation() {
             return Err(AccessError::StaleHandle);
@@ -596,7 +599,7 @@ impl<S: AsRef<[u8]> + AsMut<[u8]>, const N: usize> Arena<S, N> {
     /// Slot and generation check for a handle that must cover its buffer.
     fn whole_buffer(&self, handle: MemoryHandle) -> Result<usize, RegError> {
         let id = handle.region();
-        let index = usize::from(id.index());
+        let index = id.index() as usize;
         match self.slots.get(index) {
             Some(slot) if slot.live && slot.generation == id.generation() => {
                 if handle.offset() == 0 && handle.len() == slot.len {
@@ -735,7 +738,7 @@ fn fit(from: usize, to: usize, len: usize, align: usize) -> Option<usize> {
 /// + random multiple of `regions` (so `index part % regions` finds the
 /// slot), variant random in 1..=255 and not `avoid`. Never 0.
 fn new_key(regions: usize, index: usize, avoid: Option<u8>, keys: &mut impl KeySource) -> u32 {
-    // 1 ≤ regions ≤ 2^16: at least 256 multiples fit in 24 bits.
+    // 1 ≤ regions ≤ 2^20: at least 16 multiples fit in 24 bits.
     let regions = regions as u32;
     let multiples = (1u32 << 24) / regions;
     let high = keys.next_u32() % multiples;
@@ -864,10 +867,7 @@ mod tests {
         let h = arena.alloc(256, 8).unwrap();
         let mr = arena.register(h, RW, &mut keys).unwrap();
         assert_ne!(mr.rkey.0, 0);
-        assert_eq!(
-            mr.lkey.index() as usize % 8,
-            usize::from(h.region().index())
-        );
+        assert_eq!(mr.lkey.index() as usize % 8, h.region().index() as usize);
         assert_eq!(
             arena.register(h, RW, &mut keys),
             Err(RegError::AlreadyRegistered)
@@ -946,7 +946,7 @@ mod tests {
             let next = arena.rekey(mr.lkey, &mut keys).unwrap();
             assert_ne!(next.variant(), previous.variant());
             assert_ne!(next.0, 0);
-            assert_eq!(next.index() as usize % 8, usize::from(h.region().index()));
+            assert_eq!(next.index() as usize % 8, h.region().index() as usize);
             previous = next;
         }
     }
