@@ -89,7 +89,8 @@ impl Qp {
                 sgl: request.sgl.clone(),
                 len: request.sgl.total_len().unwrap_or(0),
             };
-            let _ = self.rq.push_back(wqe);
+            // Room was checked above (never allocates).
+            self.rq.push_back(wqe);
         }
         Ok(())
     }

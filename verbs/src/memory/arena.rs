@@ -734,9 +734,10 @@ fn fit(from: usize, to: usize, len: usize, align: usize) -> Option<usize> {
     (start.checked_add(len)? <= to).then_some(start)
 }
 
-/// A fresh key for slot `index` of a table of `regions`: index part = slot
-/// + random multiple of `regions` (so `index part % regions` finds the
-/// slot), variant random in 1..=255 and not `avoid`. Never 0.
+/// A fresh key for slot `index` of a table of `regions`: the index part
+/// is the slot plus a random multiple of `regions` (so `index part %
+/// regions` finds the slot), the variant random in 1..=255 and not
+/// `avoid`. Never 0.
 fn new_key(regions: usize, index: usize, avoid: Option<u8>, keys: &mut impl KeySource) -> u32 {
     // 1 ≤ regions ≤ 2^20: at least 16 multiples fit in 24 bits.
     let regions = regions as u32;
