@@ -11,6 +11,7 @@ fn limits(max_sessions: u32, paths: u16, connections: u16, queue_depth: u16) -> 
         max_connections_per_path: connections,
         queue_depth,
         chunk_size: 8 << 10,
+        ..Limits::default()
     }
 }
 

@@ -471,6 +471,7 @@ pub fn server_config(manifest: &Manifest<'_>) -> ServerConfig {
     config.max_sessions = u16::try_from(limits.max_sessions).unwrap_or(u16::MAX);
     config.max_paths_per_session = limits.max_paths_per_session;
     config.max_connections_per_path = limits.max_connections_per_path;
+    config.setup_timeout_ns = u64::from(limits.setup_timeout_ms) * 1_000_000;
     config
 }
 
@@ -483,6 +484,7 @@ fn capacity(config: &ServerConfig, interfaces: usize) -> manifest::Capacity {
         max_connections_per_path: config.max_connections_per_path,
         queue_depth: config.queue_depth,
         chunk_size: config.chunk_size,
+        ..manifest::Limits::default()
     };
     manifest::Capacity::for_limits(&limits, interfaces, 0)
 }
