@@ -167,7 +167,7 @@
 //! added the `nvme` volume kind and its namespace field; a version-1 blob
 //! reads as before. Version 3 lengthened the LIMITS record to 28 bytes
 //! (half-open limits, setup timeout); a version 1 or 2 blob reads with
-//! their defaults, and [`Config::to_binary_version`] still writes the older
+//! their defaults, and `Config::to_binary_version` still writes the older
 //! formats for an older image. A blob newer than the reader says so
 //! ([`binary::ReadError::UnsupportedVersion`] with `found > supported`):
 //! the image stops with its own message and status for it.
