@@ -780,9 +780,10 @@ fn manifest_check_prints_memory_and_refuses_what_cannot_fit() {
             run.stdout
         );
     }
-    // 4 sessions × 4 paths plus 4 replacements, 65 connections each.
+    // 4 sessions × 4 paths plus 4 replacements, and 16 half-open paths,
+    // 65 connections each.
     assert!(run.stdout.contains("20 chunk pools"), "{}", run.stdout);
-    assert!(run.stdout.contains("1300 QPs"), "{}", run.stdout);
+    assert!(run.stdout.contains("2340 QPs"), "{}", run.stdout);
     // An image manifest with the default limits does not fit below 4 GiB.
     let image = r#"
 [target]

@@ -216,7 +216,11 @@ impl Capacity {
             .div_ceil(4)
             .max(u64::from(limits.max_paths_per_session));
         let path_pools = live_paths + replacements;
-        let qps = path_pools * u64::from(limits.max_connections_per_path);
+        // A half-open path holds its connections (no pool) until INFO_REQ:
+        // the RTRS server bounds them by `max_half_open`, so their QPs are
+        // counted on top of the admitted paths'.
+        let qps = (path_pools + u64::from(limits.max_half_open))
+            * u64::from(limits.max_connections_per_path);
         let recv_depth = SERVICE_RECEIVES.max(u32::from(limits.queue_depth)) + 1;
         let send_depth = (3 * queue_depth as u32 + 4).min(MAX_SEND_DEPTH);
         let interfaces = interfaces as u64;

@@ -369,8 +369,9 @@ pub struct Limits {
     /// Most half-open paths from one source address (format 3).
     pub max_half_open_per_source: u16,
     /// Milliseconds a path may take from its first CON_REQ to a complete
-    /// INFO_REQ/INFO_RSP exchange before it is closed (format 3; the
-    /// default is Linux's `RTRS_CONNECT_TIMEOUT_MS`).
+    /// INFO_REQ/INFO_RSP exchange before it is closed (format 3). Short by
+    /// default (5 s, where Linux waits `RTRS_CONNECT_TIMEOUT_MS`, 30 s): a
+    /// half-open path holds connections others may need.
     pub setup_timeout_ms: u32,
 }
 
@@ -382,9 +383,9 @@ impl Default for Limits {
             max_connections_per_path: 65,
             queue_depth: 512,
             chunk_size: 132 * 1024,
-            max_half_open: 64,
-            max_half_open_per_source: 8,
-            setup_timeout_ms: 30_000,
+            max_half_open: 16,
+            max_half_open_per_source: 4,
+            setup_timeout_ms: 5_000,
         }
     }
 }
@@ -404,7 +405,7 @@ pub mod bounds {
     /// (`RTRS_MAX_SEGMENTS` × 4 KiB) + the header reserve.
     pub const CHUNK_SIZE: RangeInclusive<u32> = 8 * 1024..=516 * 1024;
     /// `max_half_open`.
-    pub const MAX_HALF_OPEN: RangeInclusive<u32> = 1..=65_536;
+    pub const MAX_HALF_OPEN: RangeInclusive<u32> = 1..=65_535;
     /// `max_half_open_per_source` (at most `max_half_open` too).
     pub const MAX_HALF_OPEN_PER_SOURCE: RangeInclusive<u16> = 1..=u16::MAX;
     /// `setup_timeout_ms`: 100 ms to 10 minutes.

@@ -20,11 +20,15 @@ fn counts_follow_the_limits() {
     // 100 sessions of one path of two connections at queue depth 32.
     let c = Capacity::for_limits(&limits(100, 1, 2, 32), 2, 3);
     assert_eq!(c.path_pools, 125, "100 live paths and a quarter more");
-    assert_eq!(c.qps, 250);
+    assert_eq!(
+        c.qps,
+        (125 + 16) * 2,
+        "the pools' paths and 16 half-open ones"
+    );
     assert_eq!(c.recv_depth, 513, "the 512 service receives, plus one");
     assert_eq!(c.send_depth, 100, "three WRs per request plus four");
-    assert_eq!(c.cq_entries, 250 * 613);
-    assert_eq!(c.cm_connections, 2 * 250 + 16);
+    assert_eq!(c.cq_entries, 282 * 613);
+    assert_eq!(c.cm_connections, 2 * 282 + 16);
     assert_eq!(c.regions, 125 * 35 + 16);
     assert_eq!(c.pool_bytes, 32 * (8192 + 64) + (64 << 10));
     assert_eq!(c.arena_bytes(), 125 * c.pool_bytes);

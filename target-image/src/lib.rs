@@ -494,6 +494,8 @@ pub fn server_config(manifest: &Manifest<'_>) -> ServerConfig {
     config.max_paths_per_session = limits.max_paths_per_session;
     config.max_connections_per_path = limits.max_connections_per_path;
     config.setup_timeout_ns = u64::from(limits.setup_timeout_ms) * 1_000_000;
+    config.max_half_open = u16::try_from(limits.max_half_open).unwrap_or(u16::MAX);
+    config.max_half_open_per_source = limits.max_half_open_per_source.min(config.max_half_open);
     config
 }
 
@@ -506,7 +508,9 @@ fn capacity(config: &ServerConfig, interfaces: usize) -> manifest::Capacity {
         max_connections_per_path: config.max_connections_per_path,
         queue_depth: config.queue_depth,
         chunk_size: config.chunk_size,
-        ..manifest::Limits::default()
+        max_half_open: u32::from(config.max_half_open),
+        max_half_open_per_source: config.max_half_open_per_source,
+        setup_timeout_ms: u32::try_from(config.setup_timeout_ns / 1_000_000).unwrap_or(u32::MAX),
     };
     manifest::Capacity::for_limits(&limits, interfaces, 0)
 }

@@ -124,7 +124,7 @@ mod tests {
     use manifest::binary::Manifest;
 
     /// `examples/two-ram-volumes.toml`'s guest (xtask pins it too).
-    const GUEST_MIB_EXAMPLE: u64 = 6494;
+    const GUEST_MIB_EXAMPLE: u64 = 6606;
 
     #[test]
     fn test_plan_for_example_manifest() {
@@ -142,11 +142,12 @@ mod tests {
         // (+ 64 bytes each) plus 64 KiB of control buffers.
         let per_pool = 512 * (132 * 1024 + 64) + (1 << 16);
         assert_eq!(plan.arenas, 80 * per_pool);
-        // 65 connections per path: 5,200 QPs of send depth 128 and receive
-        // depth 513 and their CQ budgets, twice as many CM slots plus 16,
+        // 65 connections per path of the 80 pools' paths and of 16
+        // half-open paths: 6,240 QPs of send depth 128 and receive depth
+        // 513 and their CQ budgets, twice as many CM slots plus 16,
         // 80 × 515 + 16 regions; 40,960 requests, two volumes that can
         // park each.
-        let qps = 80 * 65;
+        let qps = (80 + 16) * 65;
         let per_qp = 4096 + 128 * 128 + 513 * 96;
         let cq = qps * (128 + 513) * 64;
         let tables = (2 * qps + 16) * 1024 + (80 * 515 + 16) * 48;
