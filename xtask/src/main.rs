@@ -10,6 +10,7 @@ mod bench;
 mod bench_initiator;
 mod demo;
 mod first_map;
+mod fuzz;
 mod image;
 mod initiator_suite;
 mod interop;
@@ -65,6 +66,10 @@ enum Command {
     BenchVm(bench::BenchArgs),
     /// Brick's initiator (`brick bench`) against every target it reaches.
     BenchInitiator(bench_initiator::BenchInitiatorArgs),
+    /// Build the fuzz targets (nightly, cargo-fuzz) and run each for
+    /// `--time` seconds (niced); prints executions, exec/s, corpus size
+    /// and crashes per target.
+    Fuzz(fuzz::FuzzArgs),
 }
 
 #[derive(Subcommand)]
@@ -100,6 +105,7 @@ fn main() {
         Command::Relay(args) => relay::run_standalone(args),
         Command::BenchVm(args) => bench::run(args),
         Command::BenchInitiator(args) => bench_initiator::run(args),
+        Command::Fuzz(args) => fuzz::run_fuzz(args),
     };
     if let Err(error) = result {
         eprintln!("error: {error:#}");
