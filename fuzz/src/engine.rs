@@ -345,12 +345,18 @@ pub fn replay_on_worker(input: &[u8]) {
         keep_memory_between_inputs();
         let (to_worker, inputs) = channel::<Vec<u8>>();
         let (done, from_worker) = channel::<()>();
+        // BRICK_FUZZ_VERBOSE: print what each input made the engine do
+        // (to check that a seed replays its whole session).
+        let verbose = std::env::var_os("BRICK_FUZZ_VERBOSE").is_some();
         std::thread::Builder::new()
             .name("engine".into())
             .stack_size(STACK)
             .spawn(move || {
                 for input in inputs {
-                    let _ = replay(&input);
+                    let outcome = replay(&input);
+                    if verbose {
+                        eprintln!("{} bytes: {outcome:?}", input.len());
+                    }
                     if done.send(()).is_err() {
                         break;
                     }
