@@ -5,7 +5,9 @@
 //!
 //! Invariants: no panic; every RoCEv2 frame the engine sends parses; the
 //! open sessions stay within the manifest's limit; the statistics render;
-//! after `close_all` the engine drains to quiet within 60 s of fake time.
+//! after `close_all` the engine lets go of everything within 60 s of fake
+//! time; then a healthy session from another host connects, opens, writes
+//! and reads back.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;

@@ -218,9 +218,43 @@ impl fmt::Write for Discard {
 /// Replays `input` on a fresh engine, then checks the invariants: no
 /// panic, every frame sent parses, the statistics render, the session
 /// and request counts stay within the manifest, and after `close_all` the
-/// engine drains to quiet within a minute of fake time. Returns what the
-/// engine did.
+/// engine lets go of everything (`is_idle`: no session, path, connection,
+/// request or registered buffer) within a minute of fake time. Returns
+/// what the engine did.
 pub fn replay(input: &[u8]) -> Outcome {
+    run(input).2
+}
+
+/// [`replay`], then a healthy session of Brick's client from another host
+/// must work: connect, SESS_INFO, OPEN read-write, a 4 KiB write read back
+/// byte for byte, CLOSE. (A wait that runs out of steps panics with the
+/// engine's statistics.)
+pub fn replay_and_serve(input: &[u8]) -> Outcome {
+    use crate::session::clients::{fill_pattern, Fabric};
+    use rnbd::wire::AccessMode;
+    let (engine, now, outcome) = run(input);
+    let mut world = crate::session::Recorder::around(engine, now);
+    let c = world.add_client(3);
+    world
+        .connect(c, "healthy", 1)
+        .expect("a healthy session connects after the input");
+    assert_eq!(world.sess_info(c, 1), 2, "SESS_INFO of the healthy session");
+    let device = world
+        .open(c, 2, "vol0", AccessMode::ReadWrite)
+        .expect("the healthy session opens vol0 read-write");
+    let mut data = [0u8; 4096];
+    fill_pattern(now, &mut data);
+    assert_eq!(world.write(c, 3, &device, 8192, &data), 0, "healthy write");
+    let (errno, back) = world.read(c, 4, &device, 8192, 4096);
+    assert!(
+        errno == 0 && back == data,
+        "healthy read-back differs (errno {errno})"
+    );
+    assert_eq!(world.close_device(c, 5, &device), 0, "healthy CLOSE");
+    outcome
+}
+
+fn run(input: &[u8]) -> (FuzzEngine, u64, Outcome) {
     let mut engine = engine();
     let mut sink = CheckedSink {
         frame: Vec::with_capacity(16 << 10),
@@ -266,22 +300,23 @@ pub fn replay(input: &[u8]) -> Outcome {
     let answered = engine.answered();
     engine.close_all(now);
     for _ in 0..600 {
-        if engine.is_quiet() {
+        if engine.is_idle() {
             break;
         }
         poll(&mut engine, &mut sink, now);
         now += 100_000_000;
     }
     assert!(
-        engine.is_quiet(),
-        "the engine did not drain within 60 s of close_all: {}\nusage {:?}",
+        engine.is_idle(),
+        "the engine still holds resources 60 s after close_all: {}\nusage {:?}",
         engine.stats(),
         engine.server().usage()
     );
-    Outcome {
+    let outcome = Outcome {
         answered,
         sent: sink.sent,
-    }
+    };
+    (engine, now, outcome)
 }
 
 /// What a replay made the engine do.
@@ -334,7 +369,7 @@ pub fn on_big_stack<R: Send + 'static>(f: impl FnOnce() -> R + Send + 'static) -
 }
 
 /// One thread with a [`STACK`]-byte stack that replays the inputs handed
-/// to it, for the whole process (a panic there aborts the process through
+/// to it ([`replay_and_serve`]), for the whole process (a panic there aborts the process through
 /// the fuzzer's panic hook, which is the crash report).
 pub fn replay_on_worker(input: &[u8]) {
     use std::sync::mpsc::{channel, Receiver, Sender};
@@ -353,7 +388,7 @@ pub fn replay_on_worker(input: &[u8]) {
             .stack_size(STACK)
             .spawn(move || {
                 for input in inputs {
-                    let outcome = replay(&input);
+                    let outcome = replay_and_serve(&input);
                     if verbose {
                         eprintln!("{} bytes: {outcome:?}", input.len());
                     }

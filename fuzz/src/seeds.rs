@@ -13,142 +13,16 @@
 //! The other targets' seeds are small scripts committed under
 //! `fuzz/seeds/`.
 
-#[path = "../../target-image/tests/common/clients.rs"]
-#[allow(clippy::all)]
-mod clients;
-
-use std::collections::VecDeque;
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
-use brick_fuzz::engine::{self, FuzzEngine, START, STEP};
-use clients::{pattern, Fabric, Node, RawNode};
+use brick_fuzz::engine;
+use brick_fuzz::session::clients::{pattern, Fabric};
+use brick_fuzz::session::Recorder;
 use rnbd::wire::AccessMode;
 
 /// Capture seeds stop after this many bytes (the session set-up and the
 /// first requests; the rest is more of the same and slows every run).
 const MAX_CAPTURE_SEED: usize = 48 << 10;
-/// Steps one wait may take.
-const MAX_STEPS: usize = 200_000;
-/// A delay byte holds at most this many steps; longer gaps get empty
-/// records.
-const MAX_DELAY: u64 = 200;
-
-/// The fuzz engine and Brick clients, recording every frame the engine
-/// receives.
-struct Recorder {
-    engine: FuzzEngine,
-    now: u64,
-    step: u64,
-    last_recorded: u64,
-    clients: Vec<Node>,
-    raws: Vec<RawNode>,
-    to_engine: VecDeque<Vec<u8>>,
-    record: Vec<u8>,
-}
-
-impl Recorder {
-    fn new() -> Self {
-        Self {
-            engine: engine::engine(),
-            now: START,
-            step: 0,
-            last_recorded: 0,
-            clients: Vec::new(),
-            raws: Vec::new(),
-            to_engine: VecDeque::new(),
-            record: Vec::new(),
-        }
-    }
-
-    fn note(&mut self, frame: &[u8]) {
-        let mut gap = self.step - self.last_recorded;
-        while gap > MAX_DELAY {
-            engine::push_record(&mut self.record, MAX_DELAY as u8, &[], false);
-            gap -= MAX_DELAY;
-        }
-        engine::push_record(&mut self.record, gap as u8, frame, false);
-        self.last_recorded = self.step;
-    }
-}
-
-impl Fabric for Recorder {
-    fn now(&self) -> u64 {
-        self.now
-    }
-
-    fn server(&self) -> SocketAddr {
-        "10.77.0.1:1234".parse().unwrap()
-    }
-
-    fn clients(&self) -> &[Node] {
-        &self.clients
-    }
-
-    fn clients_mut(&mut self) -> &mut Vec<Node> {
-        &mut self.clients
-    }
-
-    fn raws(&self) -> &[RawNode] {
-        &self.raws
-    }
-
-    fn raws_mut(&mut self) -> &mut Vec<RawNode> {
-        &mut self.raws
-    }
-
-    /// As the engine tests' `World::step`: the clock moves one step, the
-    /// engine takes the queued frames and polls, the clients take its
-    /// frames and poll.
-    fn step(&mut self) {
-        self.now += STEP;
-        self.step += 1;
-        let now = self.now;
-        while let Some(frame) = self.to_engine.pop_front() {
-            self.note(&frame);
-            self.engine.receive(0, now, &frame);
-        }
-        let clients = &mut self.clients;
-        self.engine
-            .poll(now, &mut |_: usize, h: &[u8], p: &[&[u8]], t: &[u8]| {
-                let mut frame = h.to_vec();
-                for piece in p {
-                    frame.extend_from_slice(piece);
-                }
-                frame.extend_from_slice(t);
-                let broadcast = frame[..6] == [0xff; 6];
-                for node in clients.iter_mut() {
-                    if broadcast || node.mac == frame[..6] {
-                        node.inbox.push_back(frame.clone());
-                    }
-                }
-            });
-        let to_engine = &mut self.to_engine;
-        for node in self.clients.iter_mut() {
-            while let Some(frame) = node.inbox.pop_front() {
-                node.receive(now, &frame);
-            }
-            node.poll(now, &mut |h: &[u8], p: &[&[u8]], t: &[u8]| {
-                let mut frame = h.to_vec();
-                for piece in p {
-                    frame.extend_from_slice(piece);
-                }
-                frame.extend_from_slice(t);
-                to_engine.push_back(frame);
-            });
-        }
-    }
-
-    fn run_until(&mut self, what: &str, mut done: impl FnMut(&mut Self) -> bool) {
-        for _ in 0..MAX_STEPS {
-            if done(self) {
-                return;
-            }
-            self.step();
-        }
-        panic!("seed session: timed out waiting for {what}");
-    }
-}
 
 /// One recorded session: connect `connections` connections as `name`,
 /// then `script` (the IO), then close.
@@ -157,13 +31,8 @@ fn session(
     connections: u16,
     script: impl FnOnce(&mut Recorder, usize),
 ) -> (Vec<u8>, u64) {
-    let mut world = Recorder::new();
-    world.clients.push(Node::new(
-        [0x52, 0x54, 0x00, 0x77, 0x00, 0x02],
-        [10, 77, 0, 2],
-        8,
-        7,
-    ));
+    let mut world = Recorder::recording();
+    world.add_client(2);
     world
         .connect(0, name, connections)
         .expect("seed session up");
@@ -171,7 +40,7 @@ fn session(
     let answered = world.engine.answered();
     world.close_session(0);
     world.run_steps(50);
-    (world.record, answered)
+    (world.record.take().unwrap_or_default(), answered)
 }
 
 /// (name, input, IO requests the engine answered in the session).
@@ -327,6 +196,11 @@ fn write_all() {
             engine::replay(&[]);
         }
         eprintln!("empty replay: {:?}", t.elapsed() / 20);
+        let t = std::time::Instant::now();
+        for _ in 0..20 {
+            engine::replay_and_serve(&[]);
+        }
+        eprintln!("empty replay and a healthy session: {:?}", t.elapsed() / 20);
     }
     let out: PathBuf = std::env::args_os()
         .nth(1)
@@ -335,7 +209,7 @@ fn write_all() {
     let dir = out.join("engine_frames");
     for (name, bytes, answered) in engine_seeds() {
         // The replay must go through the session as recorded.
-        let outcome = engine::replay(&bytes);
+        let outcome = engine::replay_and_serve(&bytes);
         assert_eq!(
             outcome.answered, answered,
             "seed {name}: the replay answered {} IO requests, the session {answered}",
