@@ -88,10 +88,10 @@ impl Side {
             match event {
                 Event::ConnectRequest { conn, .. }
                 | Event::Reply { conn, .. }
-                | Event::Established { conn } => {
-                    if !self.conns.contains(&conn) {
-                        self.conns.push(conn);
-                    }
+                | Event::Established { conn }
+                    if !self.conns.contains(&conn) =>
+                {
+                    self.conns.push(conn);
                 }
                 _ => {}
             }

@@ -40,11 +40,11 @@ impl Ram {
         );
         let block = u64::from(self.block);
         assert!(
-            offset % block == 0 && len % block == 0,
+            offset.is_multiple_of(block) && len.is_multiple_of(block),
             "{what} of {len} bytes at {offset} not aligned to {block}"
         );
         self.calls += 1;
-        if self.fail_every != 0 && self.calls % self.fail_every == 0 {
+        if self.fail_every != 0 && self.calls.is_multiple_of(self.fail_every) {
             return Err(BackendError {
                 reason: "injected failure".into(),
             });
@@ -107,7 +107,7 @@ struct Stream<'a> {
 impl Read for Stream<'_> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         self.reads += 1;
-        if self.timeouts && self.reads % 3 == 0 {
+        if self.timeouts && self.reads.is_multiple_of(3) {
             return Err(io::Error::from(io::ErrorKind::WouldBlock));
         }
         let n = buf.len().min(self.input.len());
