@@ -406,3 +406,65 @@ pub fn replay_on_worker(input: &[u8]) {
     pipe.0.send(input.to_vec()).expect("engine thread alive");
     pipe.1.recv().expect("engine thread finished the input");
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_round_trip_and_a_truncated_tail_is_cut() {
+        let mut input = Vec::new();
+        push_record(&mut input, 3, &[1, 2, 3], false);
+        push_record(&mut input, 250, &[], true);
+        push_record(&mut input, 0, &[9; 10], true);
+        input.truncate(input.len() - 4);
+        let got: Vec<(u8, bool, Vec<u8>)> = records(&input)
+            .map(|(d, raw, f)| (d, raw, f.to_vec()))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (3, false, vec![1, 2, 3]),
+                (250, true, vec![]),
+                (0, true, vec![9; 6])
+            ]
+        );
+    }
+
+    #[test]
+    fn delays_are_steps_then_squared_jumps() {
+        assert_eq!(delay_steps(0), (0, false));
+        assert_eq!(delay_steps(200), (200, false));
+        // 201: 10 ms; 255: 55² × 10 ms = 30.25 s.
+        assert_eq!(delay_steps(201), (10_000_000 / STEP, true));
+        assert_eq!(delay_steps(255), (3025 * 10_000_000 / STEP, true));
+    }
+
+    #[test]
+    fn fixed_frames_pass_the_checksums_again() {
+        let mut input = Vec::new();
+        let dir = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/seeds/engine_frames/capture-rping-linux"
+        );
+        input.extend_from_slice(&std::fs::read(dir).expect("committed seed"));
+        let (_, _, frame) = records(&input)
+            .find(|(_, _, f)| f.len() > 60 && f[23] == 17)
+            .expect("a RoCEv2 frame in the rping seed");
+        assert!(
+            roce::wire::verify_icrc(frame),
+            "the captured frame verifies"
+        );
+        let mut mutated = frame.to_vec();
+        mutated[50] ^= 0x40; // a BTH byte
+        mutated[22] ^= 1; // the IPv4 TTL
+        assert!(!roce::wire::verify_icrc(&mutated));
+        fix_checksums(&mut mutated);
+        assert!(roce::wire::verify_icrc(&mutated), "ICRC recomputed");
+        assert_eq!(
+            internet_checksum(&mutated[14..34]),
+            0,
+            "IPv4 header checksum recomputed"
+        );
+    }
+}
