@@ -9,7 +9,9 @@
 //!
 //! Invariants: no panic; every completion names a work request that was
 //! posted on that side and not completed yet, on that side's QP; every
-//! frame an HCA sends parses.
+//! frame an HCA sends parses; once the wire turns lossless (and receives
+//! are posted), every send-side work request of a QP with bounded retry
+//! counts completes.
 #![no_main]
 
 use std::collections::{HashSet, VecDeque};
@@ -41,6 +43,9 @@ type FuzzHca = Hca<Vec<u8>, Keys, 16, 2, 256>;
 
 /// Registered memory per side.
 const REGION: u32 = 64 << 10;
+/// Exchanges the final lossless phase may take (each moves every frame
+/// and completion, or jumps to the next timer).
+const MAX_SETTLE_ROUNDS: u32 = 1_000;
 /// Receive work requests carry this bit in their id.
 const RECV: u64 = 1 << 63;
 
@@ -228,6 +233,87 @@ fn deliver(from: &mut Side, to: &mut Side, now: u64, frame: Vec<u8>) {
     from.last = Some(frame);
 }
 
+/// After the script: receives posted on both sides for every SEND still to
+/// come, then a lossless wire, the clock jumping to the next timer, until
+/// no send-side work request is outstanding or ten minutes of fake time
+/// pass. Every one must have completed (successfully or with an error) on
+/// a side whose retry counts are bounded: a QP that stops retransmitting
+/// with packets unacknowledged, or retries past its count, stalls here.
+fn settle(a: &mut Side, b: &mut Side, mut now: u64) {
+    // Retry and RNR retry counts of 7 mean "retry for ever" (as rxe does):
+    // a peer that answers wrongly then keeps the requester retrying.
+    let bounded = |side: &Side| {
+        side.hca
+            .qp(side.conn)
+            .and_then(|qp| qp.params().copied())
+            .is_some_and(|p| p.retry_count < 7 && p.rnr_retry < 7)
+    };
+    if !bounded(a) && !bounded(b) {
+        return;
+    }
+    for side in [&mut *a, &mut *b] {
+        for _ in 0..32 {
+            let id = RECV | side.next_id;
+            side.next_id += 1;
+            let wr = RecvWr {
+                wr_id: WrId(id),
+                sgl: Sgl::single(Sge::new(side.mr.lkey, 0, REGION / 2)),
+            };
+            if side.hca.post_recv(side.conn, &[wr]).is_err() {
+                break;
+            }
+            side.outstanding.insert(id);
+        }
+    }
+    let limit = now + 600_000_000_000;
+    let sends = |side: &Side| side.outstanding.iter().filter(|id| *id & RECV == 0).count();
+    let mut rounds = 0;
+    while now < limit && sends(a) + sends(b) > 0 {
+        rounds += 1;
+        if rounds > MAX_SETTLE_ROUNDS {
+            // Still busy (retrying for ever, or a storm): no verdict.
+            return;
+        }
+        transmit(a, now);
+        transmit(b, now);
+        let moved = !a.wire.is_empty() || !b.wire.is_empty();
+        while let Some(frame) = a.wire.pop_front() {
+            b.hca.receive(now, &frame);
+        }
+        while let Some(frame) = b.wire.pop_front() {
+            a.hca.receive(now, &frame);
+        }
+        completions(a);
+        completions(b);
+        if !moved {
+            let next = [a.hca.poll_at(now), b.hca.poll_at(now)]
+                .into_iter()
+                .flatten()
+                .min();
+            match next {
+                Some(at) => now = at.max(now + 1),
+                None => break,
+            }
+        }
+    }
+    let stuck: Vec<(&str, u64)> = [("a", &*a), ("b", &*b)]
+        .into_iter()
+        .filter(|(_, side)| bounded(side))
+        .flat_map(|(name, side)| {
+            side.outstanding
+                .iter()
+                .filter(|id| *id & RECV == 0)
+                .map(move |id| (name, *id))
+        })
+        .collect();
+    assert!(
+        stuck.is_empty(),
+        "send work requests never completed on a lossless wire: {stuck:?}\na: {:?}\nb: {:?}",
+        a.hca.qp(a.conn).map(|qp| qp.snapshot()),
+        b.hca.qp(b.conn).map(|qp| qp.snapshot())
+    );
+}
+
 fuzz_target!(|input: &[u8]| {
     let mut script = Script::new(input);
     let mut a = side(1, 3);
@@ -303,4 +389,5 @@ fuzz_target!(|input: &[u8]| {
         completions(&mut a);
         completions(&mut b);
     }
+    settle(&mut a, &mut b, now);
 });
