@@ -224,7 +224,8 @@ fn max_len(target: &str) -> u32 {
     }
 }
 
-/// Crash, timeout, leak and out-of-memory reports in `dir`.
+/// Crash, timeout, leak and out-of-memory reports in `dir` (not the
+/// slow-unit notes: a slow input is no failure).
 fn artifact_files(dir: &Path) -> Vec<PathBuf> {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return Vec::new();
@@ -235,7 +236,7 @@ fn artifact_files(dir: &Path) -> Vec<PathBuf> {
             path.file_name()
                 .and_then(|name| name.to_str())
                 .is_some_and(|name| {
-                    ["crash-", "timeout-", "leak-", "oom-", "slow-unit-"]
+                    ["crash-", "timeout-", "leak-", "oom-"]
                         .iter()
                         .any(|prefix| name.starts_with(prefix))
                 })
