@@ -672,12 +672,13 @@ address = "10.78.0.1/24"
 );
 
 /// A manifest whose RAM volumes (512 MiB) cannot fit in 256 MiB of guest,
-/// with limits the image can hold (the example's defaults, 16 sessions of
-/// 4 paths at queue depth 512, need more than 4 GiB: `brick manifest
-/// check` says how much).
+/// with limits the image can hold in the boot checks' 512 MiB guest (the
+/// example's defaults, 16 sessions of 4 paths at queue depth 512 with 65
+/// connections each, need more than 4 GiB: `brick manifest check` says how
+/// much). Nine connections per path serve a client of up to 8 CPUs.
 const TWO_RAM_VOLUMES: &str = concat!(
     include_str!("../../examples/two-ram-volumes.toml"),
-    "\n[limits]\nmax_sessions = 4\nqueue_depth = 128\n"
+    "\n[limits]\nmax_sessions = 4\nqueue_depth = 128\nmax_connections_per_path = 9\n"
 );
 
 /// The cases of the `image` suite (default tier): a clean boot, each
