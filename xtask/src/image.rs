@@ -585,10 +585,12 @@ struct BootCase {
     expect: &'static str,
 }
 
-/// A boot-check manifest: target `brick-image-check`, interface `eth0`
-/// (10.77.0.1/24), then `$body` (more interfaces, the volumes), then an
-/// access rule letting every session open every volume read-write. With
-/// `vol0,` first, a 16 MiB RAM volume `vol0` comes before `$body`.
+/// A boot-check manifest: target `brick-image-check`, limits the check's
+/// guest can hold (4 sessions at queue depth 128, 9 connections per path),
+/// interface `eth0` (10.77.0.1/24), then `$body` (more interfaces, the
+/// volumes), then an access rule letting every session open every volume
+/// read-write. With `vol0,` first, a 16 MiB RAM volume `vol0` comes before
+/// `$body`.
 macro_rules! check_manifest {
     (vol0, $body:literal) => {
         check_manifest!(concat!(
@@ -599,6 +601,7 @@ macro_rules! check_manifest {
     ($body:expr) => {
         concat!(
             "\n[target]\nname = \"brick-image-check\"\n\n\
+             [limits]\nmax_sessions = 4\nqueue_depth = 128\nmax_connections_per_path = 9\n\n\
              [[interfaces]]\nname = \"eth0\"\nmac = \"52:54:00:77:00:01\"\naddress = \"10.77.0.1/24\"\n",
             $body,
             "\n[[access]]\nsessions = \"*\"\nvolumes = \"*\"\nmode = \"rw\"\n"

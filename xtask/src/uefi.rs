@@ -339,8 +339,8 @@ fn corrupt_both(parts: &Parts, disk: &Path, dir: &Path) -> Result<()> {
     patch_slot(disk, 2, |slot| slot[30] ^= 1)
 }
 
-/// Slot B (sequence 2) holds a manifest of format version 3, checksums
-/// right: what a newer `brick` would write.
+/// Slot B (sequence 2) holds a manifest of the format version after this
+/// image's, checksums right: what a newer `brick` would write.
 fn newer_manifest(parts: &Parts, disk: &Path, dir: &Path) -> Result<()> {
     reflash(parts, disk, dir)?;
     patch_slot(disk, 2, |slot| {
@@ -348,7 +348,7 @@ fn newer_manifest(parts: &Parts, disk: &Path, dir: &Path) -> Result<()> {
             return;
         };
         let mut blob = read.blob.to_vec();
-        blob[4] = 3;
+        blob[4..6].copy_from_slice(&(manifest::binary::FORMAT_VERSION + 1).to_le_bytes());
         manifest::binary::fix_checksum(&mut blob);
         let encoded = manifest::slot::encode_slot(2, &blob);
         slot.copy_from_slice(&encoded);
