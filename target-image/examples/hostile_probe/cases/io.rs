@@ -14,6 +14,10 @@ use crate::Args;
 
 /// Requests per connection and round of the flood (half the send queue).
 const FLOOD_PER_CONN: u16 = 64;
+/// Receive slots a raw node posts per connection (`clients.rs`), and the
+/// answers the stalled client asks for on one.
+const RECEIVES: usize = 64;
+const ASKED: u16 = 96;
 /// Heartbeats of the heartbeat storm.
 const HEARTBEATS: usize = 1000;
 
@@ -225,10 +229,10 @@ pub fn cases(_args: &Args) -> Vec<Case> {
         ),
         case(
             "receives_never_reposted",
-            "answered until its receives ran out, then held or closed; a new session serves",
+            format!("answered {RECEIVES} of {ASKED} (its receives), the path held; a new session serves"),
             // The client stops reposting receives: the target's responses
-            // find none (RNR). Whatever it does with that path, nobody else
-            // notices.
+            // beyond the receives it has find none (RNR) and wait; nobody
+            // else notices.
             |wire, args| {
                 let r = raw_session(wire, args, "no-receives");
                 wire.raws[r].hold_receives = true;
@@ -236,35 +240,19 @@ pub fn cases(_args: &Args) -> Vec<Case> {
                 let out = rnbd::client::sess_info(&mut header).expect("SESS_INFO encodes");
                 let desc = read_dest(wire, r, out.data_len);
                 let (bytes, offset) = sess_info_message(&header[..out.user_header_len], desc);
-                // 64 receive slots per connection: ask for 96 answers on cid 0.
-                let mut answered = 0;
-                for round in 0..3u16 {
+                for round in 0..ASKED / 32 {
                     let requests: Vec<(u16, u32, &[u8], u32)> = (round * 32..round * 32 + 32)
-                        .map(|chunk| {
-                            (
-                                chunk,
-                                out.data_len,
-                                &bytes[..],
-                                wire.raw_imm(r, u32::from(chunk), offset),
-                            )
-                        })
+                        .map(|chunk| (chunk, out.data_len, &bytes[..], wire.raw_imm(r, u32::from(chunk), offset)))
                         .collect();
                     wire.raw_post(r, 0, &requests);
                 }
                 wire.run_for(3_000_000_000);
-                answered += wire.raws[r]
-                    .completions
-                    .iter()
-                    .filter(|wc| wc.imm.is_some())
-                    .count();
-                let closed = wire.raw_all_disconnected(r);
-                eprintln!("hostile_probe: receives never reposted: {answered} answers, path closed: {closed}");
-                let outcome = if (1..=64).contains(&answered) {
-                    "answered until its receives ran out, then held or closed"
-                } else {
-                    "answered beyond its receives"
-                };
-                format!("{outcome}; {}", newcomer(wire, args, "beside-rnr"))
+                let answered = wire.raws[r].completions.iter().filter(|wc| wc.imm.is_some()).count();
+                let held = if wire.raw_all_disconnected(r) { "closed" } else { "held" };
+                format!(
+                    "answered {answered} of {ASKED} (its receives), the path {held}; {}",
+                    newcomer(wire, args, "beside-rnr")
+                )
             },
         ),
         case(
