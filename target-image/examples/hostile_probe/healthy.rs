@@ -15,9 +15,10 @@ const SLOTS: usize = 4;
 /// IO sizes the streams pick from.
 const SIZES: &[u32] = &[4096, 8192, 16384];
 /// Run before the baseline is measured (connections warm, buffers mapped).
-const WARM_UP_NS: u64 = 500_000_000;
-/// How long the baseline is measured.
-const BASELINE_NS: u64 = 3_000_000_000;
+const WARM_UP_NS: u64 = 2_000_000_000;
+/// How long the baseline is measured, in how many windows.
+const BASELINE_NS: u64 = 6_000_000_000;
+const BASELINE_WINDOWS: usize = 12;
 /// The run's rate may not fall below this share of the baseline.
 const FLOOR: f64 = 0.8;
 
@@ -75,12 +76,27 @@ impl Healthy {
         wire.clients[c].events.clear();
         wire.start_workload(c, device, 0, SLOTS, SIZES);
         wire.run_for(WARM_UP_NS);
-        let start = (wire.now(), wire.workload(c).completed);
-        wire.run_for(BASELINE_NS);
-        let ios = wire.workload(c).completed - start.1;
-        let baseline = ios as f64 * 1e9 / (wire.now() - start.0) as f64;
-        println!("healthy client: session {name}, volume {}, baseline {baseline:.0} IO/s ({ios} verified IOs in {} s)",
-            args.healthy_volume, BASELINE_NS / 1_000_000_000);
+        // The median of short windows: one slow or fast window (a busy
+        // neighbour on the host) does not set the bar.
+        let mut windows = Vec::with_capacity(BASELINE_WINDOWS);
+        for _ in 0..BASELINE_WINDOWS {
+            let start = (wire.now(), wire.workload(c).completed);
+            wire.run_for(BASELINE_NS / BASELINE_WINDOWS as u64);
+            let ios = wire.workload(c).completed - start.1;
+            windows.push(ios as f64 * 1e9 / (wire.now() - start.0) as f64);
+        }
+        let mut sorted = windows.clone();
+        sorted.sort_by(f64::total_cmp);
+        let baseline = sorted[sorted.len() / 2];
+        let ios = wire.workload(c).completed;
+        let shown: Vec<String> = windows.iter().map(|w| format!("{w:.0}")).collect();
+        println!(
+            "healthy client: session {name}, volume {}, baseline {baseline:.0} IO/s \
+             (median of {} s windows: {})",
+            args.healthy_volume,
+            BASELINE_NS as f64 / 1e9 / BASELINE_WINDOWS as f64,
+            shown.join(" ")
+        );
         let mut healthy = Healthy {
             baseline,
             total_ios: 0,
