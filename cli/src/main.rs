@@ -35,6 +35,7 @@ mod disk_image;
 mod histogram;
 mod io;
 mod manifest_cmd;
+mod manifest_memory;
 mod pattern;
 mod progress;
 mod scale;

@@ -5,7 +5,9 @@
 //! back with [`manifest::binary::Manifest::parse`], the same no_std reader
 //! the target boots from, so what passes here boots there (bar the
 //! machine: memory, NICs by MAC, disks). `check` prints a summary built from
-//! that binary view; `build` writes the blob.
+//! that binary view, with the memory the limits make the target allocate
+//! ([`crate::manifest_memory`]), and refuses limits the target cannot
+//! hold; `build` writes the blob.
 
 use std::path::{Path, PathBuf};
 
@@ -155,6 +157,7 @@ fn check(file: &Path, canonical: bool) -> Result<()> {
         format_size(m.ram_volume_bytes()),
         format_size(limits.max_chunk_pool_bytes())
     );
+    crate::manifest_memory::print_and_check(&m).map_err(|e| anyhow!("{}: {e}", file.display()))?;
     println!(
         "binary      {} bytes, format version {}, crc32 {:#010x}",
         blob.len(),

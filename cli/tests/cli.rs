@@ -757,6 +757,80 @@ fn manifest_check_passes_every_example() {
     }
 }
 
+/// `manifest check` prints what the limits make the target allocate, per
+/// session and in all, and refuses what the target cannot hold with the
+/// numbers: an image manifest over the image's RAM, limits over an HCA's
+/// QP table.
+#[test]
+fn manifest_check_prints_memory_and_refuses_what_cannot_fit() {
+    let scratch = Scratch::new("capacity");
+    let file = scratch.path("m.toml");
+    std::fs::write(&file, MANIFEST).unwrap();
+    let run = brick(&["manifest".as_ref(), "check".as_ref(), file.as_os_str()])
+        .expect_success("manifest check");
+    for heading in [
+        "capacity    per interface: ",
+        "per session ",
+        "engine      ",
+        "image       fits: ",
+    ] {
+        assert!(
+            run.stdout.lines().any(|l| l.starts_with(heading)),
+            "no {heading:?} line in:\n{}",
+            run.stdout
+        );
+    }
+    // 4 sessions × 4 paths plus 4 replacements, and 16 half-open paths,
+    // 65 connections each.
+    assert!(run.stdout.contains("20 chunk pools"), "{}", run.stdout);
+    assert!(run.stdout.contains("2340 QPs"), "{}", run.stdout);
+    // An image manifest with the default limits does not fit below 4 GiB.
+    let image = r#"
+[target]
+name = "img"
+
+[[interfaces]]
+name = "net0"
+mac = "52:54:00:77:00:01"
+address = "10.77.0.1/24"
+
+[[volumes]]
+name = "data"
+kind = "virtio-blk"
+serial = "d"
+
+[[access]]
+sessions = "*"
+volumes = "*"
+mode = "rw"
+"#;
+    std::fs::write(&file, image).unwrap();
+    let run = brick(&["manifest".as_ref(), "check".as_ref(), file.as_os_str()])
+        .expect_code(1, "image manifest over the image's RAM");
+    assert!(
+        run.stderr.contains("the image needs ")
+            && run
+                .stderr
+                .contains("it can use at most 3072 MiB below 4 GiB"),
+        "{}",
+        run.stderr
+    );
+    // 1,024 sessions of 128 paths: more QPs than an HCA holds.
+    let huge = MANIFEST.replace(
+        "max_sessions = 4",
+        "max_sessions = 1024\nmax_paths_per_session = 128",
+    );
+    std::fs::write(&file, huge).unwrap();
+    let run = brick(&["manifest".as_ref(), "check".as_ref(), file.as_os_str()])
+        .expect_code(1, "limits over the QP table");
+    assert!(
+        run.stderr
+            .contains("queue pairs per interface, an HCA holds at most 65536"),
+        "{}",
+        run.stderr
+    );
+}
+
 #[test]
 fn manifest_check_names_line_and_field() {
     let scratch = Scratch::new("broken");

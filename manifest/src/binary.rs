@@ -28,10 +28,14 @@ use crate::types::{
 pub const MAGIC: [u8; 4] = *b"BRKM";
 /// The format version this crate writes; it reads every version from
 /// [`MIN_FORMAT_VERSION`] to this one.
-pub const FORMAT_VERSION: u16 = 2;
+pub const FORMAT_VERSION: u16 = 3;
 /// The oldest format version this crate reads (version 1 has no NVMe
-/// volumes; otherwise the layouts agree).
+/// volumes; versions 1 and 2 have a 16-byte limits record without the
+/// half-open limits and the setup timeout, which read as their defaults;
+/// otherwise the layouts agree).
 pub const MIN_FORMAT_VERSION: u16 = 1;
+/// The last format version whose limits record is 16 bytes.
+const SHORT_LIMITS_VERSION: u16 = 2;
 /// Bytes before the section table.
 pub const HEADER_LEN: usize = 24;
 /// Bytes per section-table entry.
@@ -85,11 +89,19 @@ pub mod section {
         STRINGS,
     ];
 
-    /// The record length of a section, `None` for an unknown id.
+    /// The record length of a section in the current format, `None` for
+    /// an unknown id.
     pub fn record_len(id: u16) -> Option<u16> {
+        record_len_in(id, super::FORMAT_VERSION)
+    }
+
+    /// The record length of a section in format `version`: the limits
+    /// record is 16 bytes up to version 2, 28 from version 3.
+    pub fn record_len_in(id: u16, version: u16) -> Option<u16> {
         Some(match id {
             TARGET => 32,
-            LIMITS => 16,
+            LIMITS if version <= super::SHORT_LIMITS_VERSION => 16,
+            LIMITS => 28,
             INTERFACES => 24,
             VOLUMES => 40,
             ACCESS_RULES => 24,
@@ -329,12 +341,21 @@ impl fmt::Display for ReadError {
             UnknownSection(id) => write!(f, "unknown section id {id}"),
             DuplicateSection(s) => write!(f, "section {s} appears twice"),
             MissingSection(s) => write!(f, "section {s} is missing"),
-            BadRecordLength { section, found, expected } => write!(
+            BadRecordLength {
+                section,
+                found,
+                expected,
+            } => write!(
                 f,
-                "section {section} has {found}-byte records, version {FORMAT_VERSION} uses {expected}"
+                "section {section} has {found}-byte records, its format version uses {expected}"
             ),
             SectionOutOfBounds(s) => write!(f, "section {s} lies outside the blob"),
-            BadCount { section, count, min, max } => {
+            BadCount {
+                section,
+                count,
+                min,
+                max,
+            } => {
                 write!(f, "{count} {section}, between {min} and {max} allowed")
             }
             StringOutOfBounds(field) => write!(f, "{field}: string lies outside the string table"),
@@ -366,10 +387,16 @@ impl fmt::Display for ReadError {
             DuplicateVolume(n) => write!(f, "duplicate volume name {n:?}"),
             DuplicateDevicePath(n) => write!(f, "duplicate device_path {n:?}"),
             DuplicateBacking(n) => {
-                write!(f, "volume {n:?} uses the same backing device as another volume")
+                write!(
+                    f,
+                    "volume {n:?} uses the same backing device as another volume"
+                )
             }
             VolumeIndexOutOfRange { rule, index } => {
-                write!(f, "access rule {rule} names volume index {index}, past the volume table")
+                write!(
+                    f,
+                    "access rule {rule} names volume index {index}, past the volume table"
+                )
             }
             DuplicateRuleVolume { rule, volume } => {
                 write!(f, "access rule {rule} lists volume {volume:?} twice")
@@ -718,6 +745,7 @@ impl<'a> Manifest<'a> {
     }
 
     fn read_sections(bytes: &'a [u8]) -> Result<Self, ReadError> {
+        let version = read_u16(bytes, field::VERSION);
         let section_count = read_u16(bytes, field::SECTION_COUNT);
         if section_count > MAX_SECTIONS {
             return Err(ReadError::TooManySections(section_count));
@@ -730,7 +758,8 @@ impl<'a> Manifest<'a> {
         for entry in table.chunks_exact(SECTION_ENTRY_LEN) {
             let entry = Record(entry);
             let id = entry.u16(0);
-            let expected = section::record_len(id).ok_or(ReadError::UnknownSection(id))?;
+            let expected =
+                section::record_len_in(id, version).ok_or(ReadError::UnknownSection(id))?;
             let name = section::name(id);
             let record_len = entry.u16(2);
             if record_len != expected {
@@ -900,12 +929,33 @@ impl<'a> Manifest<'a> {
         if r.u16(10) != 0 {
             return Err(ReadError::ReservedNotZero("limits bytes"));
         }
+        let defaults = Limits::default();
+        // Format 3 appends the half-open limits and the setup timeout.
+        let long = self.limits.record_len >= 28;
+        if long && r.u16(26) != 0 {
+            return Err(ReadError::ReservedNotZero("limits bytes"));
+        }
         Ok(Limits {
             max_sessions: r.u32(0),
             max_paths_per_session: r.u16(4),
             max_connections_per_path: r.u16(6),
             queue_depth: r.u16(8),
             chunk_size: r.u32(12),
+            max_half_open: if long {
+                r.u32(16)
+            } else {
+                defaults.max_half_open
+            },
+            setup_timeout_ms: if long {
+                r.u32(20)
+            } else {
+                defaults.setup_timeout_ms
+            },
+            max_half_open_per_source: if long {
+                r.u16(24)
+            } else {
+                defaults.max_half_open_per_source
+            },
         })
     }
 
@@ -1311,7 +1361,7 @@ fn same_backing(a: &Backing<'_>, b: &Backing<'_>) -> bool {
 }
 
 #[cfg(feature = "std")]
-pub use writer::encode;
+pub use writer::{encode, encode_version};
 
 #[cfg(feature = "std")]
 mod writer {
@@ -1344,6 +1394,26 @@ mod writer {
     /// What the reader refuses (only possible for a [`Config`] built by
     /// hand; the TOML compiler checks the same rules with better messages).
     pub fn encode(config: &Config) -> Result<Vec<u8>, ReadError> {
+        encode_version(config, FORMAT_VERSION)
+    }
+
+    /// [`encode`] in format `version` ([`MIN_FORMAT_VERSION`]..=
+    /// [`FORMAT_VERSION`]), for targets that read only older formats:
+    /// up to version 2 the limits record has no half-open limits or setup
+    /// timeout (the reader takes their defaults), version 1 no NVMe
+    /// volumes (refused by the read-back).
+    ///
+    /// # Errors
+    ///
+    /// [`ReadError::UnsupportedVersion`] for another version; what the
+    /// reader refuses.
+    pub fn encode_version(config: &Config, version: u16) -> Result<Vec<u8>, ReadError> {
+        if !(MIN_FORMAT_VERSION..=FORMAT_VERSION).contains(&version) {
+            return Err(ReadError::UnsupportedVersion {
+                found: version,
+                supported: FORMAT_VERSION,
+            });
+        }
         let mut strings = Strings { bytes: Vec::new() };
         let mut sections: Vec<(u16, Vec<u8>)> = Vec::new();
 
@@ -1363,13 +1433,19 @@ mod writer {
         sections.push((section::TARGET, target));
 
         let l = &config.limits;
-        let mut limits = Vec::with_capacity(16);
+        let mut limits = Vec::with_capacity(28);
         limits.extend_from_slice(&l.max_sessions.to_le_bytes());
         limits.extend_from_slice(&l.max_paths_per_session.to_le_bytes());
         limits.extend_from_slice(&l.max_connections_per_path.to_le_bytes());
         limits.extend_from_slice(&l.queue_depth.to_le_bytes());
         limits.extend_from_slice(&[0; 2]);
         limits.extend_from_slice(&l.chunk_size.to_le_bytes());
+        if version > SHORT_LIMITS_VERSION {
+            limits.extend_from_slice(&l.max_half_open.to_le_bytes());
+            limits.extend_from_slice(&l.setup_timeout_ms.to_le_bytes());
+            limits.extend_from_slice(&l.max_half_open_per_source.to_le_bytes());
+            limits.extend_from_slice(&[0; 2]);
+        }
         sections.push((section::LIMITS, limits));
 
         let mut interfaces = Vec::new();
@@ -1464,10 +1540,10 @@ mod writer {
 
         let mut blob = vec![0u8; HEADER_LEN + sections.len() * SECTION_ENTRY_LEN];
         blob[field::MAGIC].copy_from_slice(&MAGIC);
-        blob[field::VERSION].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+        blob[field::VERSION].copy_from_slice(&version.to_le_bytes());
         blob[field::SECTION_COUNT].copy_from_slice(&(sections.len() as u16).to_le_bytes());
         for (n, (id, body)) in sections.iter().enumerate() {
-            let record_len = section::record_len(*id).unwrap_or(1);
+            let record_len = section::record_len_in(*id, version).unwrap_or(1);
             let entry = HEADER_LEN + n * SECTION_ENTRY_LEN;
             let offset = blob.len() as u32;
             blob[entry..entry + 2].copy_from_slice(&id.to_le_bytes());

@@ -160,6 +160,9 @@ struct RawLimits {
     max_connections_per_path: Option<Spanned<i64>>,
     queue_depth: Option<Spanned<i64>>,
     chunk_size: Option<Spanned<RawSize>>,
+    max_half_open: Option<Spanned<i64>>,
+    max_half_open_per_source: Option<Spanned<i64>>,
+    setup_timeout_ms: Option<Spanned<i64>>,
 }
 
 #[derive(Deserialize)]
@@ -406,6 +409,21 @@ impl Compiler<'_> {
         if let Some(v) = &raw.queue_depth {
             limits.queue_depth = self.integer(v, "limits.queue_depth", bounds::QUEUE_DEPTH)?;
         }
+        if let Some(v) = &raw.max_half_open {
+            limits.max_half_open =
+                self.integer(v, "limits.max_half_open", bounds::MAX_HALF_OPEN)?;
+        }
+        if let Some(v) = &raw.max_half_open_per_source {
+            limits.max_half_open_per_source = self.integer(
+                v,
+                "limits.max_half_open_per_source",
+                bounds::MAX_HALF_OPEN_PER_SOURCE,
+            )?;
+        }
+        if let Some(v) = &raw.setup_timeout_ms {
+            limits.setup_timeout_ms =
+                self.integer(v, "limits.setup_timeout_ms", bounds::SETUP_TIMEOUT_MS)?;
+        }
         if let Some(v) = &raw.chunk_size {
             let size = self.size(v, "limits.chunk_size")?;
             limits.chunk_size = u32::try_from(size).map_err(|_| {
@@ -421,6 +439,9 @@ impl Compiler<'_> {
             let span = match field {
                 "chunk_size" => raw.chunk_size.as_ref().map(Spanned::span),
                 "queue_depth" => raw.queue_depth.as_ref().map(Spanned::span),
+                "max_half_open_per_source" => {
+                    raw.max_half_open_per_source.as_ref().map(Spanned::span)
+                }
                 _ => None,
             }
             .unwrap_or_else(|| spanned.span());

@@ -150,6 +150,16 @@ impl Config {
         binary::encode(self)
     }
 
+    /// The binary form in an older format `version`
+    /// ([`binary::encode_version`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`binary::encode_version`].
+    pub fn to_binary_version(&self, version: u16) -> Result<Vec<u8>, ReadError> {
+        binary::encode_version(self, version)
+    }
+
     /// The owned config of a checked binary manifest.
     pub fn from_manifest(manifest: &Manifest<'_>) -> Self {
         let target = manifest.target();
@@ -277,12 +287,15 @@ impl fmt::Display for Config {
         let l = &self.limits;
         writeln!(
             f,
-            "\n[limits]\nmax_sessions = {}\nmax_paths_per_session = {}\nmax_connections_per_path = {}\nqueue_depth = {}\nchunk_size = {:?}",
+            "\n[limits]\nmax_sessions = {}\nmax_paths_per_session = {}\nmax_connections_per_path = {}\nqueue_depth = {}\nchunk_size = {:?}\nmax_half_open = {}\nmax_half_open_per_source = {}\nsetup_timeout_ms = {}",
             l.max_sessions,
             l.max_paths_per_session,
             l.max_connections_per_path,
             l.queue_depth,
-            format_size(u64::from(l.chunk_size))
+            format_size(u64::from(l.chunk_size)),
+            l.max_half_open,
+            l.max_half_open_per_source,
+            l.setup_timeout_ms
         )?;
         for i in &self.interfaces {
             writeln!(

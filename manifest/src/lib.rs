@@ -77,6 +77,9 @@
 //! max_connections_per_path = 65   # 2..=1025 (a Linux client opens CPUs + 1)
 //! queue_depth = 512               # 1..=512
 //! chunk_size = "132KiB"           # multiple of 4 KiB, 8 KiB..=516 KiB; see below
+//! max_half_open = 16              # 1..=65535 paths in setup at once (format 3)
+//! max_half_open_per_source = 4    # 1..=max_half_open from one address (format 3)
+//! setup_timeout_ms = 5000         # 100..=600000: CON_REQ to INFO_RSP (format 3)
 //!
 //! [[interfaces]]                  # 1..=8
 //! name = "eth0"
@@ -123,7 +126,7 @@
 //! | Offset | Size | Field |
 //! |---|---|---|
 //! | 0 | 4 | magic `BRKM` |
-//! | 4 | 2 | format version = 2 (the reader also takes 1) |
+//! | 4 | 2 | format version = 3 (the reader also takes 1 and 2) |
 //! | 6 | 2 | flags, zero |
 //! | 8 | 4 | `total_len`: length of the whole blob |
 //! | 12 | 4 | CRC-32 (IEEE, as `crc32fast`) of every byte of the blob except these four |
@@ -138,7 +141,7 @@
 //! | Id | Section | Record | Layout |
 //! |---|---|---|---|
 //! | 1 | TARGET (1 record) | 32 | 0 name ref · 8 uuid\[16\] · 24 port u16 · 26 flags u16 (bit 0 uuid present, bit 1 always_invalidate) · 28 reserved u32 |
-//! | 2 | LIMITS (1 record) | 16 | 0 max_sessions u32 · 4 max_paths_per_session u16 · 6 max_connections_per_path u16 · 8 queue_depth u16 · 10 reserved u16 · 12 chunk_size u32 |
+//! | 2 | LIMITS (1 record) | 28 (16 in versions 1 and 2) | 0 max_sessions u32 · 4 max_paths_per_session u16 · 6 max_connections_per_path u16 · 8 queue_depth u16 · 10 reserved u16 · 12 chunk_size u32 · from version 3: 16 max_half_open u32 · 20 setup_timeout_ms u32 · 24 max_half_open_per_source u16 · 26 reserved u16 |
 //! | 3 | INTERFACES (1..=8) | 24 | 0 name ref · 8 ipv4\[4\] · 12 mac\[6\] · 18 prefix u8 · 19 reserved u8 · 20 mtu u16 · 22 reserved u16 |
 //! | 4 | VOLUMES (1..=256) | 40 | 0 name ref · 8 device_path ref · 16 backing ref (file/block path or virtio/NVMe serial) · 24 size u64 (0 = whole device/file) · 32 kind u8 (1 ram, 2 file, 3 block, 4 virtio-blk, 5 nvme: version 2 only) · 33 selector u8 (0 none, 1 pci, 2 serial) · 34 NVMe namespace u16 (1 and up; zero for other kinds and in version 1) · 36 pci u32 (`domain<<16 \| bus<<8 \| dev<<3 \| fn`) |
 //! | 5 | ACCESS_RULES (1..=256) | 24 | 0 sessions ref · 8 source ipv4\[4\] · 12 source prefix u8 · 13 flags u8 (bit 0 source present, bit 1 all volumes) · 14 mode u8 (0 ro, 1 rw) · 15 reserved u8 · 16 first u32 · 20 count u32 (a slice of ACCESS_VOLUMES) |
@@ -162,9 +165,19 @@
 //! fully understood or refused. The compiler always writes the current
 //! version, so rebuild `m.bin` from `m.toml` after an upgrade. Version 2
 //! added the `nvme` volume kind and its namespace field; a version-1 blob
-//! reads as before. A blob newer than the reader says so
+//! reads as before. Version 3 lengthened the LIMITS record to 28 bytes
+//! (half-open limits, setup timeout); a version 1 or 2 blob reads with
+//! their defaults, and `Config::to_binary_version` still writes the older
+//! formats for an older image. A blob newer than the reader says so
 //! ([`binary::ReadError::UnsupportedVersion`] with `found > supported`):
 //! the image stops with its own message and status for it.
+//!
+//! # What the limits cost
+//!
+//! [`capacity::Capacity::of`] derives from the limits every count the
+//! target allocates at boot (chunk pools, QPs, CQ entries, regions, CM
+//! slots, requests) and the bytes they take; `brick manifest check` prints
+//! it.
 //!
 //! # What the image checks itself
 //!
@@ -181,6 +194,7 @@
 #![warn(missing_docs)]
 
 pub mod binary;
+pub mod capacity;
 pub mod slot;
 pub mod types;
 
@@ -190,6 +204,7 @@ mod compile;
 pub mod config;
 
 pub use binary::{Manifest, MemoryError, ReadError};
+pub use capacity::Capacity;
 #[cfg(feature = "std")]
 pub use compile::{build, compile, compile_file, toml_error_location, CompileError};
 #[cfg(feature = "std")]

@@ -476,7 +476,7 @@ mod tests {
     fn a_newer_manifest_in_the_newest_slot_stops_the_boot() {
         let old = encode_slot(1, &blob("old"));
         let mut newer = blob("newer");
-        newer[4] = 3;
+        newer[4..6].copy_from_slice(&(crate::binary::FORMAT_VERSION + 1).to_le_bytes());
         crate::binary::fix_checksum(&mut newer);
         let slot = encode_slot(2, &newer);
         let error = choose(Some(&old), Some(&slot)).unwrap_err();

@@ -362,6 +362,17 @@ pub struct Limits {
     pub queue_depth: u16,
     /// Bytes per chunk: `max_io_size + MAX_HDR_SIZE`.
     pub chunk_size: u32,
+    /// Most paths being set up at once (CON_REQ seen, INFO_REQ/INFO_RSP
+    /// not complete), all sources together (binary format 3; older blobs
+    /// read the default).
+    pub max_half_open: u32,
+    /// Most half-open paths from one source address (format 3).
+    pub max_half_open_per_source: u16,
+    /// Milliseconds a path may take from its first CON_REQ to a complete
+    /// INFO_REQ/INFO_RSP exchange before it is closed (format 3). Short by
+    /// default (5 s, where Linux waits `RTRS_CONNECT_TIMEOUT_MS`, 30 s): a
+    /// half-open path holds connections others may need.
+    pub setup_timeout_ms: u32,
 }
 
 impl Default for Limits {
@@ -372,6 +383,9 @@ impl Default for Limits {
             max_connections_per_path: 65,
             queue_depth: 512,
             chunk_size: 132 * 1024,
+            max_half_open: 16,
+            max_half_open_per_source: 4,
+            setup_timeout_ms: 5_000,
         }
     }
 }
@@ -390,6 +404,12 @@ pub mod bounds {
     /// `chunk_size`: at least Linux's 8 KiB minimum, at most 512 KiB data
     /// (`RTRS_MAX_SEGMENTS` × 4 KiB) + the header reserve.
     pub const CHUNK_SIZE: RangeInclusive<u32> = 8 * 1024..=516 * 1024;
+    /// `max_half_open`.
+    pub const MAX_HALF_OPEN: RangeInclusive<u32> = 1..=65_535;
+    /// `max_half_open_per_source` (at most `max_half_open` too).
+    pub const MAX_HALF_OPEN_PER_SOURCE: RangeInclusive<u16> = 1..=u16::MAX;
+    /// `setup_timeout_ms`: 100 ms to 10 minutes.
+    pub const SETUP_TIMEOUT_MS: RangeInclusive<u32> = 100..=600_000;
     /// `mtu` of an interface.
     pub const MTU: RangeInclusive<u16> = 576..=9000;
 }
@@ -415,6 +435,18 @@ pub enum LimitError {
         /// The chunk size.
         chunk_size: u32,
     },
+    /// `max_half_open` outside [`bounds::MAX_HALF_OPEN`].
+    MaxHalfOpen(u32),
+    /// `max_half_open_per_source` outside
+    /// [`bounds::MAX_HALF_OPEN_PER_SOURCE`] or above `max_half_open`.
+    MaxHalfOpenPerSource {
+        /// The per-source limit.
+        per_source: u16,
+        /// `max_half_open`.
+        total: u32,
+    },
+    /// `setup_timeout_ms` outside [`bounds::SETUP_TIMEOUT_MS`].
+    SetupTimeout(u32),
 }
 
 impl LimitError {
@@ -426,6 +458,9 @@ impl LimitError {
             LimitError::MaxConnectionsPerPath(_) => "max_connections_per_path",
             LimitError::QueueDepth(_) => "queue_depth",
             LimitError::ChunkSize(_) | LimitError::ImmediateOverflow { .. } => "chunk_size",
+            LimitError::MaxHalfOpen(_) => "max_half_open",
+            LimitError::MaxHalfOpenPerSource { .. } => "max_half_open_per_source",
+            LimitError::SetupTimeout(_) => "setup_timeout_ms",
         }
     }
 }
@@ -470,6 +505,22 @@ impl fmt::Display for LimitError {
                 chunk_bits(queue_depth),
                 ceil_log2(chunk_size)
             ),
+            LimitError::MaxHalfOpen(v) => write!(
+                f,
+                "max_half_open {v} is outside {}..={}",
+                MAX_HALF_OPEN.start(),
+                MAX_HALF_OPEN.end()
+            ),
+            LimitError::MaxHalfOpenPerSource { per_source, total } => write!(
+                f,
+                "max_half_open_per_source {per_source} must be in 1..=max_half_open ({total})"
+            ),
+            LimitError::SetupTimeout(v) => write!(
+                f,
+                "setup_timeout_ms {v} is outside {}..={}",
+                SETUP_TIMEOUT_MS.start(),
+                SETUP_TIMEOUT_MS.end()
+            ),
         }
     }
 }
@@ -513,6 +564,20 @@ impl Limits {
         }
         if !CHUNK_SIZE.contains(&self.chunk_size) || u64::from(self.chunk_size) % SIZE_ALIGN != 0 {
             return Err(LimitError::ChunkSize(self.chunk_size));
+        }
+        if !MAX_HALF_OPEN.contains(&self.max_half_open) {
+            return Err(LimitError::MaxHalfOpen(self.max_half_open));
+        }
+        if !MAX_HALF_OPEN_PER_SOURCE.contains(&self.max_half_open_per_source)
+            || u32::from(self.max_half_open_per_source) > self.max_half_open
+        {
+            return Err(LimitError::MaxHalfOpenPerSource {
+                per_source: self.max_half_open_per_source,
+                total: self.max_half_open,
+            });
+        }
+        if !SETUP_TIMEOUT_MS.contains(&self.setup_timeout_ms) {
+            return Err(LimitError::SetupTimeout(self.setup_timeout_ms));
         }
         if chunk_bits(self.queue_depth) + ceil_log2(self.chunk_size) > IMM_PAYLOAD_BITS {
             return Err(LimitError::ImmediateOverflow {

@@ -88,11 +88,11 @@ fn test_flipped_byte_is_checksum_mismatch() {
 fn test_header_errors() {
     let blob = two_ram();
     let mut bad = blob.clone();
-    bad[4] = 3;
+    bad[4] = 4;
     assert_eq!(
         Manifest::parse(&bad).unwrap_err(),
         ReadError::UnsupportedVersion {
-            found: 3,
+            found: 4,
             supported: FORMAT_VERSION
         }
     );
@@ -368,7 +368,7 @@ fn test_errors_are_one_line() {
     );
     assert_eq!(
         patched(blob, |b| b[4] = 9).to_string(),
-        "manifest: format version 9 is not supported (this build reads versions 1 to 2): \
+        "manifest: format version 9 is not supported (this build reads versions 1 to 3): \
          the manifest is newer than this build"
     );
 }
@@ -607,5 +607,76 @@ fn test_views_display() {
     assert_eq!(
         first.to_string(),
         "net0 52:54:00:77:00:01 10.77.0.1/24 mtu 1500"
+    );
+}
+
+/// Format 3's limits record carries the half-open limits and the setup
+/// timeout; a format 2 blob (16-byte limits record) still reads, with
+/// their defaults.
+#[test]
+fn test_format_3_limits_and_format_2_blobs() {
+    let text = "[target]\nname = \"t\"\n\n[limits]\nmax_half_open = 40\nmax_half_open_per_source = 4\nsetup_timeout_ms = 5000\n\n[[interfaces]]\nname = \"eth0\"\nmac = \"52:54:00:77:00:01\"\naddress = \"10.77.0.1/24\"\n\n[[volumes]]\nname = \"v\"\nkind = \"ram\"\nsize = \"1MiB\"\n\n[[access]]\nsessions = \"*\"\nvolumes = \"*\"\nmode = \"rw\"\n";
+    let config = manifest::compile(text, "t.toml").unwrap();
+    let blob = config.to_binary().unwrap();
+    let (record_len, _, _) = section_of(&blob, section::LIMITS);
+    assert_eq!(record_len, 28);
+    let limits = Manifest::parse(&blob).unwrap().limits();
+    assert_eq!(
+        (
+            limits.max_half_open,
+            limits.max_half_open_per_source,
+            limits.setup_timeout_ms
+        ),
+        (40, 4, 5000)
+    );
+    // The canonical TOML writes them out and compiles to the same blob.
+    let canonical = config.to_string();
+    assert!(
+        canonical
+            .contains("max_half_open = 40\nmax_half_open_per_source = 4\nsetup_timeout_ms = 5000"),
+        "{canonical}"
+    );
+    assert_eq!(manifest::build(&canonical, "c.toml").unwrap(), blob);
+    // Format 2: a 16-byte limits record, the new limits at their defaults.
+    let old = config.to_binary_version(2).unwrap();
+    assert_eq!(section_of(&old, section::LIMITS).0, 16);
+    let m = Manifest::parse(&old).unwrap();
+    assert_eq!(m.version(), 2);
+    let defaults = Limits::default();
+    assert_eq!(
+        m.limits(),
+        Limits {
+            max_half_open: defaults.max_half_open,
+            max_half_open_per_source: defaults.max_half_open_per_source,
+            setup_timeout_ms: defaults.setup_timeout_ms,
+            ..limits
+        }
+    );
+    // A format 3 blob with a 16-byte limits record is refused by length.
+    let mut short = old.clone();
+    short[4] = 3;
+    fix_checksum(&mut short);
+    assert!(matches!(
+        Manifest::parse(&short).unwrap_err(),
+        ReadError::BadRecordLength {
+            found: 16,
+            expected: 28,
+            ..
+        }
+    ));
+    // The per-source limit cannot exceed the total.
+    let error = manifest::compile(
+        &text.replace(
+            "max_half_open_per_source = 4",
+            "max_half_open_per_source = 41",
+        ),
+        "t.toml",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(error.contains("limits.max_half_open_per_source"), "{error}");
+    assert!(
+        error.contains("must be in 1..=max_half_open (40)"),
+        "{error}"
     );
 }

@@ -1,9 +1,9 @@
 //! The software HCA: registered memory, QP table, completions, CM, frame IO.
 //!
 //! [`Hca`] is one RoCEv2 device with one protection domain, as the `verbs`
-//! crate models it: it owns the registered-memory [`Arena`], a fixed table
-//! of `Q` RC queue pairs ([`crate::qp::Qp`]), one completion queue of `C`
-//! entries, the connection manager ([`crate::cm::Cm`], IB CM + RDMA CM on
+//! crate models it: it owns the registered-memory [`Arena`], a table of RC
+//! queue pairs ([`crate::qp::Qp`]), one completion queue, the connection
+//! manager ([`crate::cm::Cm`], IB CM + RDMA CM on
 //! QP1) and the neighbour table ([`crate::arp::Arp`]), and implements
 //! [`verbs::Verbs`]. It is sans-IO like the rest of the crate: frames come in
 //! through [`Hca::receive`] (ARP → [`Arp`]; RoCEv2: parse, ICRC check,
@@ -48,8 +48,25 @@
 //! QPs made with [`Hca::create_qp`] + [`Hca::connect_qp`] (tests, or a CM
 //! elsewhere) bypass all of this and see no CM events.
 //!
-//! QPNs start at a random per-instance base and count up, skipping 0, 1,
-//! 0xFFFFFF and every QPN still in use. Nothing allocates after [`Hca::new`].
+//! # Capacity
+//!
+//! Every table is sized when the HCA is built, from an [`HcaCapacity`]
+//! ([`Hca::with_capacity`]; [`Hca::new`] and [`Hca::with_link`] take it
+//! from the type's const parameters, [`HcaCapacity::from_const`]), and
+//! allocated then, once: QPs with their queues (a destroyed QP's memory is
+//! reused by the next), CM slots, the region table, the CQ. Nothing
+//! allocates afterwards. Lookups are O(1): a QPN is its slot plus a
+//! multiple of the table size (`qpn % qps` is the slot), an R_Key or L_Key
+//! holds its region's slot the same way ([`Arena`]).
+//!
+//! Each QP reserves its send plus receive depth of CQ entries when it is
+//! created ([`QpError::CompletionQueueFull`] if the CQ cannot), and never
+//! holds more WQEs plus unconsumed completions than that, so the CQ
+//! cannot overflow however the consumer polls. A destroyed QP's completions
+//! still in the CQ keep their entries reserved until consumed.
+//!
+//! QPN multiples start at a random per-instance value and count up,
+//! skipping QPNs 0, 1, 0xFFFFFF and every QPN still in use.
 //!
 //! A CM-made QP that dies of a transport error (retries exhausted, a fatal
 //! NAK) is reported as [`CmEvent::Disconnected`] (after its work requests
@@ -63,6 +80,7 @@
 //! through a host UDP socket, no ARP, the ICRC over a canonical pseudo
 //! IPv4/UDP header — Brick to Brick only; see [`crate::udp`].
 
+use alloc::vec::Vec;
 use core::net::{IpAddr, SocketAddr};
 
 use heapless::Deque;
@@ -74,12 +92,14 @@ use verbs::{
 };
 
 use crate::arp::{self, Arp, ArpFrame, NeighborState};
+use crate::capacity::{CapacityError, HcaCapacity};
 use crate::cm::{
     self, guid_from_mac, Cm, CmError, ConnectParams, LocalQp, Outbound, PeerAddr, QpAttributes,
     Route, REQ_USER_DATA_LEN,
 };
 use crate::qp::{
-    CompletionQueue, ConnectQpError, Context, Counters, FrameSink, Path, Qp, QpParams, QpState,
+    CompletionQueue, ConnectQpError, Context, Counters, CqReserveError, FrameSink, Path, Qp,
+    QpParams, QpState,
 };
 use crate::types::{Mtu, Pkey, Psn, Qkey, Qpn};
 use crate::udp::{parse_datagram, DatagramFrames, DatagramSink, PSEUDO_MAC};
@@ -144,6 +164,8 @@ pub struct HcaConfig {
 pub enum QpError {
     /// The QP table is full.
     TableFull,
+    /// The completion queue cannot reserve the new QP's entries.
+    CompletionQueueFull(CqReserveError),
     /// No QP with that id.
     UnknownQp,
     /// [`Qp::connect`] refused.
@@ -154,6 +176,7 @@ impl core::fmt::Display for QpError {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         match self {
             Self::TableFull => f.write_str("queue pair table full"),
+            Self::CompletionQueueFull(error) => write!(f, "new queue pair: {error}"),
             Self::UnknownQp => f.write_str("unknown queue pair"),
             Self::Connect(error) => write!(f, "connect: {error}"),
         }
@@ -269,6 +292,13 @@ impl Link {
     }
 }
 
+/// Bytes of one QP slot besides the spare QP and its queues
+/// ([`Qp::bytes_for`]): the table entry, the CM link, generation, free list.
+pub(crate) const SLOT_BYTES: usize = core::mem::size_of::<Option<Qp>>()
+    + core::mem::size_of::<Link>()
+    + core::mem::size_of::<u32>()
+    + core::mem::size_of::<usize>();
+
 /// The UDP source port rxe gives a CM-made RC QP: folded from the RDMA CM
 /// flow label `(src_port * 31 + dst_port) & 0xFFFFF` (roce-v2.md §1.3).
 pub const fn rdma_cm_udp_src_port(src_port: u16, dst_port: u16) -> u16 {
@@ -276,25 +306,34 @@ pub const fn rdma_cm_udp_src_port(src_port: u16, dst_port: u16) -> u16 {
     udp::source_port_from_flow_label(flow_label)
 }
 
-/// A software RoCEv2 HCA with `N` memory-region slots, `Q` queue pairs (and
-/// `Q` CM connection slots) and a completion queue of `C` entries (see the
-/// module docs).
+/// A software RoCEv2 HCA sized by an [`HcaCapacity`] (see the module docs).
 ///
-/// The struct is large (QPs and CM slots are inline): keep it in a `static`,
-/// a `Box` or a long-lived owner rather than on a small stack.
-pub struct Hca<S, K, const N: usize, const Q: usize, const C: usize = 1024> {
+/// `N`, `Q` and `C` only matter to [`Hca::new`] and [`Hca::with_link`]:
+/// the capacity they give ([`HcaCapacity::from_const`]: `N` regions, `Q`
+/// QPs, at least `C` CQ entries). An HCA built with [`Hca::with_capacity`]
+/// is an `Hca<S, K>` whatever its size.
+pub struct Hca<S, K, const N: usize = 0, const Q: usize = 0, const C: usize = 0> {
     arena: Arena<S, N>,
     keys: K,
-    qps: [Option<Qp>; Q],
-    links: [Link; Q],
-    cq: CompletionQueue<C>,
+    capacity: HcaCapacity,
+    /// The QP table: slot `qpn % qps` holds QP `qpn` when it exists.
+    qps: Vec<Option<Qp>>,
+    /// QPs of free slots, their queues allocated (reused by `create`).
+    spare: Vec<Qp>,
+    /// Free slots (a stack: the lowest slot is used first).
+    free_slots: Vec<usize>,
+    /// Bumped whenever a slot gets a new QP: part of the QP's CQ tag.
+    generations: Vec<u32>,
+    links: Vec<Link>,
+    cq: CompletionQueue,
     counters: Counters,
     control: ControlCounters,
     config: HcaConfig,
+    /// Counts QPN multiples (QPN = slot + multiple · qps).
     next_qpn: u32,
     /// Where the next `poll` starts (round robin over QPs).
     next_poll: usize,
-    cm: Cm<Q>,
+    cm: Cm,
     arp: Arp<ARP_ENTRIES>,
     arp_out: Deque<ArpFrame, ARP_QUEUE_LEN>,
     /// A MAD taken from the CM that the last `poll` had no budget for.
@@ -317,7 +356,8 @@ where
 {
     /// An HCA over registered-memory `storage`, drawing keys, the QPN base,
     /// start PSNs and CM identifiers from `keys` (a strong random source
-    /// outside tests). The CM uses Linux-compatible defaults
+    /// outside tests), sized by the type's const parameters
+    /// ([`HcaCapacity::from_const`]). The CM uses Linux-compatible defaults
     /// ([`cm::Config::new`]) with a CA GUID derived from the MAC; the path
     /// MTU of outgoing connections is 1024 ([`Hca::set_path_mtu`]).
     pub fn new(storage: S, keys: K, config: HcaConfig) -> Self {
@@ -327,27 +367,70 @@ where
     /// An HCA as [`Hca::new`] makes it, reaching its peers as `link_mode`
     /// says. In [`LinkMode::Udp`] the MAC in `config` only names the CA (CM
     /// GUID) and `config.ip` must be the address the socket is bound to.
-    pub fn with_link(storage: S, mut keys: K, config: HcaConfig, link_mode: LinkMode) -> Self {
+    pub fn with_link(storage: S, keys: K, config: HcaConfig, link_mode: LinkMode) -> Self {
+        let capacity = HcaCapacity::from_const::<N, Q, C>();
+        match Self::with_capacity(storage, keys, config, link_mode, capacity) {
+            Ok(hca) => hca,
+            // `from_const` clamps every count into range.
+            Err(_) => unreachable!("HcaCapacity::from_const is always valid"),
+        }
+    }
+
+    /// An HCA as [`Hca::with_link`] makes it, its tables sized by
+    /// `capacity` and allocated here, once (see the module docs).
+    ///
+    /// # Errors
+    /// [`CapacityError`] if `capacity` is out of range.
+    pub fn with_capacity(
+        storage: S,
+        mut keys: K,
+        config: HcaConfig,
+        link_mode: LinkMode,
+        capacity: HcaCapacity,
+    ) -> Result<Self, CapacityError> {
+        capacity.check()?;
         let next_qpn = keys.next_u32() & 0x00ff_ffff;
         let mac = EthernetAddress(config.mac);
         let mut arp = Arp::new(mac, arp::Config::default());
         // A non-unicast own address only means nobody can ARP for us.
         let _ = arp.add_address(Ipv4Address::from(config.ip));
-        Self {
-            arena: Arena::new(storage),
+        let qps = capacity.qps;
+        let mut table = Vec::with_capacity(qps);
+        table.resize_with(qps, || None);
+        let mut links = Vec::with_capacity(qps);
+        links.resize_with(qps, || Link::Manual);
+        let spare = (0..qps)
+            .map(|_| {
+                Qp::with_depths(
+                    ConnId(0),
+                    Qpn::new(0),
+                    capacity.send_depth,
+                    capacity.recv_depth,
+                )
+            })
+            .collect();
+        Ok(Self {
+            arena: Arena::with_regions(storage, capacity.regions),
             keys,
-            qps: core::array::from_fn(|_| None),
-            links: core::array::from_fn(|_| Link::Manual),
-            cq: CompletionQueue::new(),
+            capacity,
+            qps: table,
+            spare,
+            free_slots: (0..qps).rev().collect(),
+            generations: alloc::vec![0; qps],
+            links,
+            cq: CompletionQueue::with_capacity(capacity.cq_entries),
             counters: Counters::default(),
             control: ControlCounters::default(),
             config,
             next_qpn,
             next_poll: 0,
-            cm: Cm::new(cm::Config {
-                max_path_mtu: Mtu::Mtu1024,
-                ..cm::Config::new(guid_from_mac(mac))
-            }),
+            cm: Cm::with_capacity(
+                cm::Config {
+                    max_path_mtu: Mtu::Mtu1024,
+                    ..cm::Config::new(guid_from_mac(mac))
+                },
+                capacity.cm_connections,
+            ),
             arp,
             arp_out: Deque::new(),
             mad_out: None,
@@ -357,7 +440,23 @@ where
             path_mtu: Mtu::Mtu1024,
             now: 0,
             link_mode,
-        }
+        })
+    }
+
+    /// The sizes of the HCA's tables.
+    pub fn capacity(&self) -> HcaCapacity {
+        self.capacity
+    }
+
+    /// QPs that exist now (at most `capacity().qps`).
+    pub fn qp_count(&self) -> usize {
+        self.capacity.qps - self.free_slots.len()
+    }
+
+    /// The completion queue (occupancy and reservations, for tests and
+    /// statistics).
+    pub fn completion_queue(&self) -> &CompletionQueue {
+        &self.cq
     }
 
     /// How the HCA reaches its peers.
@@ -390,7 +489,7 @@ where
     }
 
     /// The connection manager (read-only: state and statistics).
-    pub fn cm(&self) -> &Cm<Q> {
+    pub fn cm(&self) -> &Cm {
         &self.cm
     }
 
@@ -399,14 +498,18 @@ where
     /// checklist B). The default, 1024, is what rxe uses on a 1500-byte
     /// Ethernet ([`Mtu::for_ethernet_mtu`] gives it for other NIC MTUs).
     ///
-    /// Call it before [`Verbs::listen`] / [`Verbs::connect`]: it resets the
-    /// connection manager (listeners and CM state are forgotten).
+    /// Call it before [`Verbs::listen`] / [`Verbs::connect`], while
+    /// building: it resets the connection manager (listeners and CM state
+    /// are forgotten; its slots are allocated again).
     pub fn set_path_mtu(&mut self, mtu: Mtu) {
         self.path_mtu = mtu;
-        self.cm = Cm::new(cm::Config {
-            max_path_mtu: mtu,
-            ..*self.cm.config()
-        });
+        self.cm = Cm::with_capacity(
+            cm::Config {
+                max_path_mtu: mtu,
+                ..*self.cm.config()
+            },
+            self.capacity.cm_connections,
+        );
     }
 
     /// The path MTU (see [`Hca::set_path_mtu`]).
@@ -444,39 +547,66 @@ where
     /// CM: connect it with [`Hca::connect_qp`].
     ///
     /// # Errors
-    /// [`QpError::TableFull`].
+    /// [`QpError::TableFull`], [`QpError::CompletionQueueFull`].
     pub fn create_qp(&mut self) -> Result<ConnId, QpError> {
         self.create_linked_qp(Link::Manual).map(|(conn, _)| conn)
     }
 
     /// Creates a QP in `Init` with CM link `link`; returns its id and slot.
+    /// Reserves the QP's CQ entries; allocates nothing.
     fn create_linked_qp(&mut self, link: Link) -> Result<(ConnId, usize), QpError> {
-        let slot = self
-            .qps
-            .iter()
-            .position(Option::is_none)
-            .ok_or(QpError::TableFull)?;
-        // At most Q QPNs are held by QPs and at most Q by CM slots (timewait),
-        // so 2Q + 4 candidates always find a free one.
+        let &slot = self.free_slots.last().ok_or(QpError::TableFull)?;
+        let qps = self.capacity.qps as u32;
+        // QPN = slot + multiple · qps, below 0xFFFFFF.
+        let multiples = (0x00ff_ffff - slot as u32).div_ceil(qps).max(1);
+        // At most `qps` CM slots hold a QPN in timewait, so `qps` + 4
+        // candidates find a free one unless the QPN space of the slot is
+        // that small.
         let mut qpn = None;
-        for _ in 0..2 * Q + 4 {
-            let candidate = self.next_qpn;
-            self.next_qpn = (self.next_qpn + 1) & 0x00ff_ffff;
-            let reserved = candidate <= 1 || candidate == 0x00ff_ffff;
-            if !reserved
-                && self.slot_of(ConnId(candidate)).is_none()
-                && !self.cm.qpn_in_use(Qpn::new_truncate(candidate))
-            {
+        for _ in 0..multiples.min(qps + 4) {
+            let multiple = self.next_qpn % multiples;
+            self.next_qpn = self.next_qpn.wrapping_add(1);
+            let candidate = slot as u32 + multiple * qps;
+            let reserved = candidate <= 1 || candidate >= 0x00ff_ffff;
+            if !reserved && !self.cm.qpn_in_use(Qpn::new_truncate(candidate)) {
                 qpn = Some(candidate);
                 break;
             }
         }
         let qpn = qpn.ok_or(QpError::TableFull)?;
-        let mut qp = Qp::new(ConnId(qpn), Qpn::new_truncate(qpn));
+        self.cq
+            .reserve(self.capacity.cq_budget())
+            .map_err(QpError::CompletionQueueFull)?;
+        let Some(mut qp) = self.spare.pop() else {
+            // One spare per free slot: cannot happen; give the entries back.
+            self.cq.unreserve(self.capacity.cq_budget());
+            return Err(QpError::TableFull);
+        };
+        self.free_slots.pop();
+        self.generations[slot] = self.generations[slot].wrapping_add(1);
+        let tag = u64::from(self.generations[slot]) << 32 | slot as u64;
+        qp.reuse(ConnId(qpn), Qpn::new_truncate(qpn), tag);
         qp.init();
         self.qps[slot] = Some(qp);
         self.links[slot] = link;
         Ok((ConnId(qpn), slot))
+    }
+
+    /// Frees QP slot `slot` (reject, destroy): pins are dropped, the QP's
+    /// memory goes back to the spares, its CQ entries are given back except
+    /// those its unconsumed completions still hold (given back as they are
+    /// consumed).
+    fn free_slot(&mut self, slot: usize) {
+        self.links[slot] = Link::Manual;
+        let Some(mut qp) = self.qps[slot].take() else {
+            return;
+        };
+        qp.release(&mut self.arena);
+        let held = qp.completions_held();
+        self.cq
+            .unreserve(self.capacity.cq_budget().saturating_sub(held));
+        self.spare.push(qp);
+        self.free_slots.push(slot);
     }
 
     /// Brings QP `conn` to `Rts` with `params` (what the CM negotiated).
@@ -533,15 +663,19 @@ where
         self.qps[slot].as_mut()
     }
 
+    /// The slot of QP `conn`: O(1), the QPN names it.
     fn slot_of(&self, conn: ConnId) -> Option<usize> {
-        self.qps
-            .iter()
-            .position(|qp| qp.as_ref().is_some_and(|qp| qp.conn() == conn))
+        let slot = conn.0 as usize % self.capacity.qps;
+        self.qps[slot]
+            .as_ref()
+            .is_some_and(|qp| qp.conn() == conn)
+            .then_some(slot)
     }
 
-    /// The slot whose link names CM connection `cm`.
+    /// The slot whose link names CM connection `cm` (control path: one scan).
     fn slot_of_cm(&self, cm: ConnId) -> Option<usize> {
-        (0..Q).find(|&slot| self.qps[slot].is_some() && self.links[slot].cm() == Some(cm))
+        (0..self.capacity.qps)
+            .find(|&slot| self.qps[slot].is_some() && self.links[slot].cm() == Some(cm))
     }
 
     /// Handles one received Ethernet frame: ARP goes to the neighbour table
@@ -934,7 +1068,7 @@ where
     /// Active connections waiting for ARP: send the REQ once the server's
     /// MAC is known, give up when ARP failed.
     fn resolve_pending(&mut self, now: u64) {
-        for slot in 0..Q {
+        for slot in 0..self.capacity.qps {
             let Link::Resolving(request) = &self.links[slot] else {
                 continue;
             };
@@ -1046,11 +1180,12 @@ where
         self.reap_failed_qps();
         // Data path.
         let start = self.next_poll;
-        for step in 0..Q {
+        let qps = self.capacity.qps;
+        for step in 0..qps {
             if budget == 0 {
                 break;
             }
-            let slot = (start + step) % Q;
+            let slot = (start + step) % qps;
             let Some(qp) = self.qps[slot].as_mut() else {
                 continue;
             };
@@ -1061,7 +1196,7 @@ where
             };
             budget -= qp.poll(now, &mut ctx, sink, budget);
             if budget == 0 {
-                self.next_poll = (slot + 1) % Q;
+                self.next_poll = (slot + 1) % qps;
             }
         }
         budget < MAX_TX_BURST
@@ -1096,7 +1231,7 @@ where
     /// NAK for a fatal error): send the DREQ so the peer learns, and surface
     /// `Disconnected` now (its work requests already completed with errors).
     fn reap_failed_qps(&mut self) {
-        for slot in 0..Q {
+        for slot in 0..self.capacity.qps {
             let Link::Connected { cm } = self.links[slot] else {
                 continue;
             };
@@ -1222,9 +1357,18 @@ where
     fn poll_cq(&mut self, out: &mut [WorkCompletion]) -> usize {
         let mut count = 0;
         for entry in out.iter_mut() {
-            let Some(completion) = self.cq.pop() else {
+            let Some((tag, completion)) = self.cq.pop() else {
                 break;
             };
+            // The QP that made it gets the entry back, O(1) by its tag; a
+            // destroyed QP's entry goes back to the CQ.
+            let slot = (tag & 0xffff_ffff) as usize;
+            match self.qps.get_mut(slot).and_then(Option::as_mut) {
+                Some(qp) if u64::from(self.generations[slot]) == tag >> 32 => {
+                    qp.completion_consumed(completion.opcode);
+                }
+                _ => self.cq.unreserve(1),
+            }
             *entry = completion;
             count += 1;
         }
@@ -1346,10 +1490,7 @@ where
             private_data,
         );
         self.cm_dirty = true;
-        if let Some(mut qp) = self.qps[slot].take() {
-            qp.release(&mut self.arena);
-        }
-        self.links[slot] = Link::Manual;
+        self.free_slot(slot);
         Ok(())
     }
 
@@ -1395,10 +1536,7 @@ where
                 self.cm_dirty = true;
             }
         }
-        if let Some(mut qp) = self.qps[slot].take() {
-            qp.release(&mut self.arena);
-        }
-        self.links[slot] = Link::Manual;
+        self.free_slot(slot);
         Ok(())
     }
 

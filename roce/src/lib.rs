@@ -8,7 +8,8 @@
 //! holds the spec-named integers (PSN, QPN, keys, GID, MTU) that the transport and the
 //! `verbs` crate share. [`qp`] is the RC transport (requester and responder,
 //! go-back-N retransmission, RNR, key checks), [`hca::Hca`] the software HCA that
-//! owns the registered memory, the QP table, the completion queue, the [`cm`]
+//! owns the registered memory, the QP table, the completion queue (all sized
+//! at run time by a [`HcaCapacity`], [`capacity`]), the [`cm`]
 //! connection manager (IB CM + RDMA CM on QP1) and the [`arp`] neighbour table,
 //! and implements `verbs::Verbs` including connection management (`listen`,
 //! `connect`, `accept`, `reject`, `disconnect`, `poll_cm_event`). [`udp`] is the
@@ -29,7 +30,10 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+extern crate alloc;
+
 pub mod arp;
+pub mod capacity;
 pub mod cm;
 pub mod hca;
 #[cfg(feature = "std")]
@@ -38,3 +42,5 @@ pub mod qp;
 pub mod types;
 pub mod udp;
 pub mod wire;
+
+pub use capacity::HcaCapacity;

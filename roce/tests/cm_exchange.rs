@@ -973,3 +973,35 @@ fn path_mtu_above_the_nic_is_rejected() {
         Some(Event::Rejected { conn, reason: RejectReason::InvalidMtu, .. }) if conn == client_conn
     ));
 }
+
+/// A full connection table ends the oldest timewait early for a new REQ
+/// instead of refusing it (REJ no resources): timewait only guards against
+/// stray packets of a connection that is gone.
+#[test]
+fn full_table_cuts_a_timewait_for_a_new_request() {
+    let mut pair = Pair::new();
+    let mut server = Cm::<4>::with_capacity(Config::new(0x0200_00ff_fe00_0001), 1);
+    server.listen(PORT).unwrap();
+    assert_eq!(server.capacity(), 1);
+    pair.server = server;
+    let (client_conn, server_conn) = pair.established();
+    pair.client
+        .disconnect(pair.now, &mut pair.rng, client_conn)
+        .unwrap();
+    assert_eq!(pair.deliver_to_server(|_| false), [DREQ]);
+    assert_eq!(pair.server.state(server_conn), Some(State::Timewait));
+    assert_eq!(pair.deliver_to_client(|_| false), [DREP]);
+    while pair.server.poll_event().is_some() {}
+    while pair.client.poll_event().is_some() {}
+    // The only slot is in timewait; a new client connection still gets in.
+    let again = pair.connect(PORT, b"again");
+    assert_eq!(pair.deliver_to_server(|_| false), [REQ]);
+    let Some(Event::ConnectRequest { conn, .. }) = pair.server.poll_event() else {
+        panic!("the REQ was refused: {:?}", pair.server.stats())
+    };
+    assert_ne!(conn, server_conn);
+    assert_eq!(pair.server.state(server_conn), None);
+    assert_eq!(pair.server.stats().timewaits_cut, 1);
+    assert_eq!(pair.server.stats().rejected_requests, 0);
+    assert_ne!(again, client_conn);
+}

@@ -129,7 +129,7 @@ fn every_path_of_a_session_is_checked_with_its_own_address() {
 }
 
 #[test]
-fn half_open_paths_are_limited_per_address_and_the_oldest_is_evicted() {
+fn half_open_paths_are_limited_per_address_and_a_stalled_oldest_is_evicted() {
     let mut config = small_config();
     config.max_sessions = 8;
     config.max_half_open = 4;
@@ -152,8 +152,16 @@ fn half_open_paths_are_limited_per_address_and_the_oldest_is_evicted() {
         assert!(h.was_accepted(conn));
     }
     assert_eq!(h.server.usage().paths, 4);
-    // A newcomer is not locked out: the oldest half-open path goes.
+    // While every half-open path is young (a rack connecting at once),
+    // a newcomer is refused and retries; nobody is evicted.
     let three = Ipv4Addr::new(10, 3, 0, 1);
+    let early = h.request_from(three, &con_req(0, 1, 6, 6, 1));
+    assert_eq!(h.reject_errno(early), Some(-(errno::ENOMEM as i16)));
+    assert_eq!(h.server.stats().half_open_evicted, 0);
+    assert_eq!(h.server.usage().paths, 4);
+    // Once the oldest has stalled for a quarter of the setup deadline, a
+    // newcomer is not locked out: the oldest half-open path goes.
+    h.now += h.server.config().setup_timeout_ns / 4;
     let newcomer = h.request_from(three, &con_req(0, 1, 6, 6, 1));
     assert!(h.was_accepted(newcomer));
     assert_eq!(h.server.stats().half_open_evicted, 1);

@@ -100,16 +100,9 @@ macro_rules! log {
     };
 }
 
-/// Memory regions per HCA: every chunk is registered on its own.
-pub const HCA_REGIONS: usize = 4096;
-/// Queue pairs per HCA (connections of all paths, including draining ones).
-pub const HCA_QPS: usize = 64;
-/// Completion queue entries per HCA.
-pub const HCA_CQ: usize = 4096;
-/// Registered-memory pools (one per path, replacements included) each HCA
-/// can hold at most.
-pub const MAX_PATH_POOLS: u64 = 8;
-/// Completions a RAM volume holds between two polls.
+/// Completions a RAM volume holds between two polls (a batch bound: when
+/// it is full the engine parks further requests, which have room for every
+/// request the manifest admits, [`max_requests`]).
 pub const RAM_QUEUE: usize = 1024;
 /// Largest RNBD message copied out of a chunk (an OPEN is under 200 bytes).
 const MAX_USER_HEADER: usize = 1024;
@@ -124,8 +117,9 @@ const COMPLETION_BURST: usize = 64;
 /// zeroes it within one poll).
 const MAX_DISCARD_SECTORS: u32 = 16 * 1024;
 
-/// The engine's HCA type.
-pub type EngineHca<K> = Hca<Vec<u8>, K, HCA_REGIONS, HCA_QPS, HCA_CQ>;
+/// The engine's HCA type: sized at boot from the manifest
+/// ([`hca_capacity`]).
+pub type EngineHca<K> = Hca<Vec<u8>, K>;
 
 /// A chunk's data area as a volume sees it: the interface (RTRS port)
 /// whose registered memory holds it and the memory handle. Volumes reach the bytes only
@@ -249,6 +243,8 @@ pub enum BuildError {
     Geometry(String, &'static str),
     /// The manifest limits do not make a valid RTRS configuration.
     Config(rtrs::server::ConfigError),
+    /// The manifest limits need more than one HCA can hold (why).
+    Capacity(String),
     /// The RTRS server could not listen.
     Listen(verbs::ConnectError),
 }
@@ -262,6 +258,7 @@ impl fmt::Display for BuildError {
             Self::TooManyVolumes => f.write_str("more volumes than RNBD can index"),
             Self::Geometry(name, why) => write!(f, "volume {name}: {why}"),
             Self::Config(e) => write!(f, "RTRS configuration: {e}"),
+            Self::Capacity(why) => write!(f, "capacity: {why}"),
             Self::Listen(e) => write!(f, "listen: {e:?}"),
         }
     }
@@ -496,15 +493,56 @@ pub fn server_config(manifest: &Manifest<'_>) -> ServerConfig {
     config.max_sessions = u16::try_from(limits.max_sessions).unwrap_or(u16::MAX);
     config.max_paths_per_session = limits.max_paths_per_session;
     config.max_connections_per_path = limits.max_connections_per_path;
+    config.setup_timeout_ns = u64::from(limits.setup_timeout_ms) * 1_000_000;
+    config.max_half_open = u16::try_from(limits.max_half_open).unwrap_or(u16::MAX);
+    config.max_half_open_per_source = limits.max_half_open_per_source.min(config.max_half_open);
     config
 }
 
-/// Registered memory each HCA (port) gets: room for up to
-/// [`MAX_PATH_POOLS`] path chunk pools (bounded by what the limits can use)
-/// plus control buffers.
+/// The counts `config`'s limits make one interface hold
+/// ([`manifest::Capacity`]; `interfaces` interfaces, no volumes).
+fn capacity(config: &ServerConfig, interfaces: usize) -> manifest::Capacity {
+    let limits = manifest::Limits {
+        max_sessions: u32::from(config.max_sessions),
+        max_paths_per_session: config.max_paths_per_session,
+        max_connections_per_path: config.max_connections_per_path,
+        queue_depth: config.queue_depth,
+        chunk_size: config.chunk_size,
+        max_half_open: u32::from(config.max_half_open),
+        max_half_open_per_source: config.max_half_open_per_source,
+        setup_timeout_ms: u32::try_from(config.setup_timeout_ns / 1_000_000).unwrap_or(u32::MAX),
+    };
+    manifest::Capacity::for_limits(&limits, interfaces, 0)
+}
+
+/// Registered memory each HCA (port) gets: a chunk pool, with its control
+/// buffers, for every path the limits admit plus replacements
+/// ([`manifest::Capacity::arena_bytes`]).
 pub fn arena_bytes(config: &ServerConfig) -> usize {
-    let per_path = u64::from(config.queue_depth) * (u64::from(config.chunk_size) + 64) + (1 << 16);
-    usize::try_from(per_path * path_pools(config)).unwrap_or(usize::MAX)
+    usize::try_from(capacity(config, 1).arena_bytes()).unwrap_or(usize::MAX)
+}
+
+/// The tables of each HCA for `config`: a QP for every connection of every
+/// chunk pool, the regions of every pool, depths and CQ as
+/// [`manifest::Capacity`] counts them.
+///
+/// # Errors
+/// [`BuildError::Capacity`] when a count is over what an HCA holds.
+pub fn hca_capacity(config: &ServerConfig) -> Result<roce::HcaCapacity, BuildError> {
+    let counts = capacity(config, 1);
+    counts.check_hca().map_err(|(what, count, most)| {
+        BuildError::Capacity(alloc::format!(
+            "the limits need {count} {what} per interface, an HCA holds at most {most}"
+        ))
+    })?;
+    // Both counts are within 2^16 (checked above).
+    roce::HcaCapacity::new(
+        counts.qps as usize,
+        counts.regions as usize,
+        counts.send_depth as usize,
+        counts.recv_depth as usize,
+    )
+    .map_err(|e| BuildError::Capacity(alloc::format!("{e}")))
 }
 
 /// How the image drives a virtio-blk volume for `config`: transfers up to
@@ -517,18 +555,15 @@ pub fn virtio_blk_config(config: &ServerConfig) -> hal::virtio::blk::BlkConfig {
     }
 }
 
-/// Path chunk pools one HCA holds at most.
-fn path_pools(config: &ServerConfig) -> u64 {
-    (u64::from(config.max_sessions) * u64::from(config.max_paths_per_session) * 2)
-        .clamp(2, MAX_PATH_POOLS)
+/// Path chunk pools one HCA holds ([`manifest::Capacity::path_pools`]).
+pub fn path_pools(config: &ServerConfig) -> u64 {
+    capacity(config, 1).path_pools
 }
 
 /// Requests the engine can hold at once over `interfaces` interfaces: every
 /// chunk of every pool.
 pub fn max_requests(config: &ServerConfig, interfaces: usize) -> usize {
-    usize::try_from(path_pools(config) * u64::from(config.queue_depth))
-        .unwrap_or(usize::MAX)
-        .saturating_mul(interfaces)
+    usize::try_from(capacity(config, interfaces).requests).unwrap_or(usize::MAX)
 }
 
 /// Where log lines go: one call per line.
@@ -624,11 +659,12 @@ impl<'m, K: KeySource, D: BlockDevice<Chunk>> Engine<'m, K, D> {
             });
         }
         let arena = arena_bytes(&config);
+        let hca_capacity = hca_capacity(&config)?;
         let mut interfaces = Vec::with_capacity(manifest.interface_count());
         let mut ports = Vec::with_capacity(manifest.interface_count());
         for (index, iface) in manifest.interfaces().enumerate() {
             let ip = iface.address.address;
-            let mut hca = Hca::with_link(
+            let mut hca = Hca::with_capacity(
                 alloc::vec![0u8; arena],
                 keys(index),
                 HcaConfig {
@@ -636,7 +672,9 @@ impl<'m, K: KeySource, D: BlockDevice<Chunk>> Engine<'m, K, D> {
                     ip: ip.octets(),
                 },
                 links.get(index).copied().unwrap_or(LinkMode::Ethernet),
-            );
+                hca_capacity,
+            )
+            .map_err(|e| BuildError::Capacity(alloc::format!("{e}")))?;
             let mtu = Mtu::for_ethernet_mtu(usize::from(iface.mtu)).ok_or_else(|| {
                 BuildError::Interface(iface.name.into(), "MTU below 256 bytes of RoCE payload")
             })?;

@@ -8,7 +8,8 @@
 //! data and statuses, connection events with private data. What RTRS needs
 //! of it is listed in `docs/protocol/rtrs.md` §1.
 //!
-//! The crate is `no_std`, allocation-free and sans-IO: nothing reads a
+//! The crate is `no_std` (with `alloc`: [`memory::Arena`] allocates its
+//! region table once, when built; nothing allocates after) and sans-IO: nothing reads a
 //! clock, and the provider advances in its own poll function. [`Verbs`] is
 //! the provider trait, [`Memory`] the checked access to registered memory,
 //! and [`memory::Arena`] a reference pool providers build on.
@@ -99,6 +100,8 @@
 #![cfg_attr(not(any(test, feature = "std")), no_std)]
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
+
+extern crate alloc;
 
 pub mod access;
 pub mod cm;

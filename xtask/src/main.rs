@@ -11,6 +11,7 @@ mod bench_initiator;
 mod bench_scale;
 mod demo;
 mod first_map;
+mod fuzz;
 mod image;
 mod initiator_suite;
 mod interop;
@@ -70,6 +71,10 @@ enum Command {
     /// (and 100 `brick bench` processes): connect time, IOPS, latency,
     /// memory and CPU per session.
     BenchScale(bench_scale::BenchScaleArgs),
+    /// Build the fuzz targets (nightly, cargo-fuzz) and run each for
+    /// `--time` seconds (niced); prints executions, exec/s, corpus size
+    /// and crashes per target.
+    Fuzz(fuzz::FuzzArgs),
 }
 
 #[derive(Subcommand)]
@@ -106,6 +111,7 @@ fn main() {
         Command::BenchVm(args) => bench::run(args),
         Command::BenchInitiator(args) => bench_initiator::run(args),
         Command::BenchScale(args) => bench_scale::run(args),
+        Command::Fuzz(args) => fuzz::run_fuzz(args),
     };
     if let Err(error) = result {
         eprintln!("error: {error:#}");

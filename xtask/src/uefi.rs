@@ -288,6 +288,7 @@ address = "10.77.0.1/24"
 [limits]
 max_sessions = 4
 queue_depth = 128
+max_connections_per_path = 9
 
 [[volumes]]
 name = "vol0"

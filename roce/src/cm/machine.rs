@@ -5,6 +5,7 @@
 //! checklist.md A.4 and B (REJ reasons, silent drops). See the module docs of
 //! [`crate::cm`] for how the HCA drives it.
 
+use alloc::vec::Vec;
 use heapless::Deque;
 
 use super::state::{Conn, EventKind, RequestInfo, Role, Timer};
@@ -40,13 +41,14 @@ pub struct Accepted {
     pub initiator_depth: u8,
 }
 
-/// IB CM + RDMA CM for up to `N` connections (passive and active), sans-IO.
+/// IB CM + RDMA CM for up to `N` connections (passive and active), sans-IO;
+/// [`Cm::with_capacity`] chooses the count at run time instead.
 ///
-/// `N` is at most 65 536 (a [`ConnId`] holds the slot in its low 16 bits and a
+/// The count is at most 65 536 (a [`ConnId`] holds the slot in its low 16 bits and a
 /// generation in the high 16, so an id stays dead until its slot has been reused
-/// 65 536 times). Nothing allocates after [`Cm::new`]; a slot takes about 1 KiB
-/// (the last MAD sent, for retransmission, and the received private data), so
-/// large instances belong in a `static` or the boot-time arena, not on the stack.
+/// 65 536 times). Nothing allocates after [`Cm::new`] / [`Cm::with_capacity`];
+/// a slot takes about 1 KiB (the last MAD sent, for retransmission, and the
+/// received private data).
 ///
 /// # Example
 ///
@@ -111,9 +113,11 @@ pub struct Accepted {
 /// # Ok::<(), roce::cm::CmError>(())
 /// ```
 #[derive(Debug)]
-pub struct Cm<const N: usize> {
+pub struct Cm<const N: usize = 0> {
     config: Config,
-    conns: [Conn; N],
+    /// Connection slots, allocated once ([`Cm::new`]: `N`,
+    /// [`Cm::with_capacity`]: chosen at run time).
+    conns: Vec<Conn>,
     listeners: heapless::Vec<u16, MAX_LISTENERS>,
     stateless: Deque<Outbound, STATELESS_QUEUE_LEN>,
     next_event_seq: u64,
@@ -190,15 +194,36 @@ impl<const N: usize> Cm<N> {
     /// At compile time if `N` is 0 or above 65 536.
     pub fn new(config: Config) -> Cm<N> {
         const { assert!(N > 0 && N <= 0x1_0000, "Cm capacity must be 1..=65536") };
+        Self::with_capacity(config, N)
+    }
+
+    /// A CM with room for `connections` connections (clamped to
+    /// 1..=65 536), allocated here, once; the type's `N` is not used
+    /// (`Cm<0>`, the default).
+    pub fn with_capacity(config: Config, connections: usize) -> Cm<N> {
+        let connections = connections.clamp(1, 0x1_0000);
+        let mut conns = Vec::with_capacity(connections);
+        conns.resize_with(connections, || Conn::vacant(NO_ROUTE, NO_QP, NO_REQUEST));
         Cm {
             config,
-            conns: core::array::from_fn(|_| Conn::vacant(NO_ROUTE, NO_QP, NO_REQUEST)),
+            conns,
             listeners: heapless::Vec::new(),
             stateless: Deque::new(),
             next_event_seq: 0,
             next_tx: 0,
             stats: Stats::default(),
         }
+    }
+
+    /// Bytes one connection slot takes ([`Cm::with_capacity`] allocates
+    /// this many per connection).
+    pub const fn slot_bytes() -> usize {
+        core::mem::size_of::<Conn>()
+    }
+
+    /// Connection slots.
+    pub fn capacity(&self) -> usize {
+        self.conns.len()
     }
 
     /// The configuration.
@@ -248,7 +273,7 @@ impl<const N: usize> Cm<N> {
     // ----------------------------------------------------------------- lookups
 
     fn conn_id(&self, index: usize) -> ConnId {
-        // `index < N ≤ 65536`: the truncation keeps all of it.
+        // `index < capacity ≤ 65536`: the truncation keeps all of it.
         ConnId(u32::from(self.conns[index].generation) << 16 | index as u32)
     }
 
@@ -314,8 +339,26 @@ impl<const N: usize> Cm<N> {
         })
     }
 
-    fn vacant_slot(&self) -> Option<usize> {
-        self.conns.iter().position(Conn::is_reusable)
+    /// A free slot; when none is, the timewait connection closest to its
+    /// end is ended early to make one (timewait only guards against stray
+    /// packets of a connection that is gone, a full table must not refuse
+    /// new connections for it). Counted in [`Stats::timewaits_cut`].
+    fn vacant_slot(&mut self) -> Option<usize> {
+        if let Some(index) = self.conns.iter().position(Conn::is_reusable) {
+            return Some(index);
+        }
+        let index = self
+            .conns
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| c.state == State::Timewait && !c.tx_pending && c.events.is_empty())
+            .min_by_key(|(_, c)| c.timer.map_or(0, |t| t.deadline))
+            .map(|(index, _)| index)?;
+        let conn = &mut self.conns[index];
+        conn.state = State::Idle;
+        conn.timer = None;
+        self.stats.timewaits_cut += 1;
+        Some(index)
     }
 
     // ----------------------------------------------------------------- events
@@ -410,12 +453,13 @@ impl<const N: usize> Cm<N> {
         if let Some(out) = self.stateless.pop_front() {
             return Some(out);
         }
-        for step in 0..N {
-            let index = (self.next_tx + step) % N;
+        let slots = self.conns.len();
+        for step in 0..slots {
+            let index = (self.next_tx + step) % slots;
             let conn = &mut self.conns[index];
             if conn.tx_pending {
                 conn.tx_pending = false;
-                self.next_tx = (index + 1) % N;
+                self.next_tx = (index + 1) % slots;
                 return Some(Outbound {
                     route: conn.route,
                     traffic_class: conn.qp.traffic_class,
@@ -446,7 +490,7 @@ impl<const N: usize> Cm<N> {
     /// slots. Returns whether anything happened.
     pub fn poll(&mut self, now: u64) -> bool {
         let mut busy = false;
-        for index in 0..N {
+        for index in 0..self.conns.len() {
             let conn = &self.conns[index];
             let Some(timer) = conn.timer else { continue };
             if !conn.is_live() || timer.deadline > now {

@@ -485,6 +485,8 @@ pub struct Stats {
     pub stateless_dropped: u64,
     /// Retransmissions sent (REQ, REP, DREQ).
     pub retransmissions: u64,
+    /// Timewaits ended early because every connection slot was taken.
+    pub timewaits_cut: u64,
 }
 
 #[cfg(test)]

@@ -64,11 +64,14 @@
 //! - The solicited-event bit: `verbs::SendWr` has no flag for it, so SE is
 //!   never set, and it is ignored on receive.
 //! - UD and the GSI QP (CM MADs) belong to the CM module, not here.
-//! - A full completion queue drops completions (counted in
-//!   [`Counters::cq_overflows`]) instead of erroring the QPs.
+//! - The completion queue cannot overflow: a QP's send and receive depths
+//!   bound its WQEs plus its unconsumed completions, and each QP reserves
+//!   that many CQ entries ([`CompletionQueue`]).
 //! - Like rxe, ACK credits and MSN are not used by the requester, and the
 //!   responder recycles its READ ring rather than NAKing a peer that exceeds
 //!   `max_dest_rd_atomic`.
+
+use alloc::collections::VecDeque;
 
 use heapless::Deque;
 use verbs::memory::Arena;
@@ -87,11 +90,14 @@ mod requester;
 mod responder;
 
 pub mod config {
-    //! Compile-time capacities of a queue pair and the transport constants.
+    //! Default depths of a queue pair, its fixed capacities and the
+    //! transport constants.
 
-    /// Send-queue entries per QP (posted, not yet completed send WRs).
+    /// Default send depth per QP ([`super::Qp::new`]; an HCA sets its own,
+    /// `HcaCapacity::send_depth`): posted, not yet completed send WRs plus
+    /// their completions not yet consumed.
     pub const SQ_DEPTH: usize = 128;
-    /// Receive-queue entries per QP. An RTRS server posts queue_depth + 1
+    /// Default receive depth per QP, counted as [`SQ_DEPTH`] is. An RTRS server posts queue_depth + 1
     /// receives on cid 0 (512 + 1 with the Linux client's queue depth); an
     /// RTRS client posts two per request plus 8 on every connection (1032
     /// for the default queue depth of 512), so this must exceed 1032.
@@ -308,34 +314,91 @@ pub struct Counters {
 }
 
 /// The completion queue shared by all QPs of an HCA: completions in the
-/// order they were generated, bounded by `C`.
-pub struct CompletionQueue<const C: usize> {
-    entries: Deque<WorkCompletion, C>,
+/// order they were generated, each with the tag of the QP that made it.
+///
+/// Its entries are allocated once ([`CompletionQueue::with_capacity`]).
+/// It cannot overflow when used as the HCA uses it: every QP reserves its
+/// send depth plus receive depth entries ([`CompletionQueue::reserve`])
+/// before it exists, and a QP never holds more WQEs plus unconsumed
+/// completions than it reserved (see [`Qp::post_send`]). A push beyond
+/// the capacity would still be counted ([`Counters::cq_overflows`]) and
+/// dropped rather than allocate.
+pub struct CompletionQueue {
+    entries: VecDeque<(u64, WorkCompletion)>,
+    capacity: usize,
+    reserved: usize,
 }
 
-impl<const C: usize> Default for CompletionQueue<C> {
-    fn default() -> Self {
-        Self::new()
+/// Why [`CompletionQueue::reserve`] refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct CqReserveError {
+    /// Entries asked for.
+    pub needed: usize,
+    /// Entries not reserved yet.
+    pub free: usize,
+    /// Entries of the queue.
+    pub capacity: usize,
+}
+
+impl core::fmt::Display for CqReserveError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(
+            f,
+            "completion queue cannot reserve {} entries: {} of {} unreserved",
+            self.needed, self.free, self.capacity
+        )
     }
 }
 
-impl<const C: usize> CompletionQueue<C> {
-    /// An empty queue.
-    pub const fn new() -> Self {
+impl CompletionQueue {
+    /// Bytes a queue of `capacity` entries takes.
+    pub const fn bytes_for(capacity: usize) -> usize {
+        capacity * core::mem::size_of::<(u64, WorkCompletion)>()
+    }
+
+    /// An empty queue of `capacity` entries (allocated here, once).
+    pub fn with_capacity(capacity: usize) -> Self {
         Self {
-            entries: Deque::new(),
+            entries: VecDeque::with_capacity(capacity),
+            capacity,
+            reserved: 0,
         }
     }
 
-    /// Appends a completion; counts an overflow (and drops it) when full.
-    pub fn push(&mut self, completion: WorkCompletion, counters: &mut Counters) {
-        if self.entries.push_back(completion).is_err() {
+    /// Sets `entries` aside for one QP.
+    ///
+    /// # Errors
+    /// [`CqReserveError`] when fewer are unreserved.
+    pub fn reserve(&mut self, entries: usize) -> Result<(), CqReserveError> {
+        let free = self.capacity - self.reserved;
+        if entries > free {
+            return Err(CqReserveError {
+                needed: entries,
+                free,
+                capacity: self.capacity,
+            });
+        }
+        self.reserved += entries;
+        Ok(())
+    }
+
+    /// Gives back `entries` reserved with [`CompletionQueue::reserve`].
+    pub fn unreserve(&mut self, entries: usize) {
+        self.reserved = self.reserved.saturating_sub(entries);
+    }
+
+    /// Appends a completion made by the QP tagged `tag`; counts an
+    /// overflow (and drops it) when full, which reservations rule out.
+    pub fn push(&mut self, tag: u64, completion: WorkCompletion, counters: &mut Counters) {
+        if self.entries.len() >= self.capacity {
             counters.cq_overflows += 1;
+            return;
         }
+        self.entries.push_back((tag, completion));
     }
 
-    /// The oldest completion.
-    pub fn pop(&mut self) -> Option<WorkCompletion> {
+    /// The oldest completion and the tag of the QP that made it.
+    pub fn pop(&mut self) -> Option<(u64, WorkCompletion)> {
         self.entries.pop_front()
     }
 
@@ -348,15 +411,26 @@ impl<const C: usize> CompletionQueue<C> {
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }
+
+    /// Entries of the queue.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Entries reserved by QPs (and by completions of destroyed QPs not
+    /// consumed yet).
+    pub fn reserved(&self) -> usize {
+        self.reserved
+    }
 }
 
 /// What the QP needs from the HCA on every call: registered memory, the
 /// completion queue and the counters.
-pub struct Context<'a, S, const N: usize, const C: usize> {
+pub struct Context<'a, S, const N: usize> {
     /// Registered memory.
     pub arena: &'a mut Arena<S, N>,
     /// Where completions go.
-    pub cq: &'a mut CompletionQueue<C>,
+    pub cq: &'a mut CompletionQueue,
     /// Counters to bump.
     pub counters: &'a mut Counters,
 }
@@ -486,8 +560,22 @@ pub struct Qp {
     template: Option<FrameHeaders>,
     mtu: u32,
 
+    /// Completions carry this tag into the CQ (the HCA's slot and
+    /// generation of the QP).
+    cq_tag: u64,
+    /// Send WQEs plus unconsumed send completions allowed (`sq` holds up
+    /// to this many, allocated once).
+    send_depth: usize,
+    /// Receive WQEs (the one in progress included) plus unconsumed receive
+    /// completions allowed.
+    recv_depth: usize,
+    /// Send completions in the CQ not yet consumed.
+    held_send: usize,
+    /// Receive completions in the CQ not yet consumed.
+    held_recv: usize,
+
     // Requester.
-    sq: Deque<SendWqe, { config::SQ_DEPTH }>,
+    sq: VecDeque<SendWqe>,
     /// Sequence number of `sq.front()`.
     front_seq: u64,
     /// Sequence number of the WQE the cursor is in.
@@ -512,7 +600,7 @@ pub struct Qp {
     since_ack_req: u32,
 
     // Responder.
-    rq: Deque<RecvWqe, { config::RQ_DEPTH }>,
+    rq: VecDeque<RecvWqe>,
     epsn: Psn,
     /// PSN duplicates are re-ACKed with (last accepted SEND/WRITE packet).
     ack_psn: Psn,
@@ -527,16 +615,72 @@ pub struct Qp {
 }
 
 impl Qp {
-    /// A QP in `Reset` with number `qpn`, reported in completions as `conn`.
+    /// A QP in `Reset` with number `qpn`, reported in completions as `conn`,
+    /// with the default depths ([`config::SQ_DEPTH`], [`config::RQ_DEPTH`]).
     pub fn new(conn: ConnId, qpn: Qpn) -> Self {
+        Self::with_depths(conn, qpn, config::SQ_DEPTH, config::RQ_DEPTH)
+    }
+
+    /// A QP in `Reset` whose queues hold `send_depth` send and
+    /// `recv_depth` receive WQEs (allocated here, once; at least 1 each).
+    /// Each depth bounds WQEs plus their completions not yet consumed, so
+    /// the QP never has more than `send_depth + recv_depth` completions in
+    /// the CQ: what it must reserve there.
+    pub fn with_depths(conn: ConnId, qpn: Qpn, send_depth: usize, recv_depth: usize) -> Self {
+        let send_depth = send_depth.max(1);
+        let recv_depth = recv_depth.max(1);
+        Self::from_queues(
+            conn,
+            qpn,
+            VecDeque::with_capacity(send_depth),
+            VecDeque::with_capacity(recv_depth),
+            send_depth,
+            recv_depth,
+        )
+    }
+
+    /// Bytes a QP of these depths takes: the struct and its queues.
+    pub const fn bytes_for(send_depth: usize, recv_depth: usize) -> usize {
+        core::mem::size_of::<Qp>()
+            + send_depth * core::mem::size_of::<SendWqe>()
+            + recv_depth * core::mem::size_of::<RecvWqe>()
+    }
+
+    /// Makes this QP a new one in `Reset` numbered `qpn` (completions
+    /// report `conn` and carry `cq_tag`), keeping its queue memory: the
+    /// HCA reuses QPs instead of allocating. Drop pins first
+    /// ([`Qp::release`]).
+    pub fn reuse(&mut self, conn: ConnId, qpn: Qpn, cq_tag: u64) {
+        let mut sq = core::mem::take(&mut self.sq);
+        let mut rq = core::mem::take(&mut self.rq);
+        sq.clear();
+        rq.clear();
+        let (send_depth, recv_depth) = (self.send_depth, self.recv_depth);
+        *self = Self::from_queues(conn, qpn, sq, rq, send_depth, recv_depth);
+        self.cq_tag = cq_tag;
+    }
+
+    fn from_queues(
+        conn: ConnId,
+        qpn: Qpn,
+        sq: VecDeque<SendWqe>,
+        rq: VecDeque<RecvWqe>,
+        send_depth: usize,
+        recv_depth: usize,
+    ) -> Self {
         Self {
             conn,
             qpn,
+            cq_tag: 0,
+            send_depth,
+            recv_depth,
+            held_send: 0,
+            held_recv: 0,
             state: QpState::Reset,
             params: None,
             template: None,
             mtu: 1024,
-            sq: Deque::new(),
+            sq,
             front_seq: 0,
             tx_seq: 0,
             tx_psn: Psn::new(0),
@@ -550,7 +694,7 @@ impl Qp {
             rnr_until: None,
             last_nak: None,
             since_ack_req: 0,
-            rq: Deque::new(),
+            rq,
             epsn: Psn::new(0),
             ack_psn: Psn::new(0),
             msn: Msn::new(0),
@@ -571,6 +715,51 @@ impl Qp {
     /// The connection id completions carry.
     pub fn conn(&self) -> ConnId {
         self.conn
+    }
+
+    /// Send and receive depths ([`Qp::with_depths`]): together, the CQ
+    /// entries the QP needs.
+    pub fn depths(&self) -> (usize, usize) {
+        (self.send_depth, self.recv_depth)
+    }
+
+    /// Completions of this QP in the CQ not consumed yet.
+    pub fn completions_held(&self) -> usize {
+        self.held_send + self.held_recv
+    }
+
+    /// Send WQEs that may be posted now: the send depth less queued WQEs
+    /// and unconsumed send completions.
+    pub fn send_room(&self) -> usize {
+        self.send_depth
+            .saturating_sub(self.sq.len() + self.held_send)
+    }
+
+    /// Receive WQEs that may be posted now (as [`Qp::send_room`]).
+    pub fn recv_room(&self) -> usize {
+        let in_progress = usize::from(matches!(self.inbound, Inbound::Send { .. }));
+        self.recv_depth
+            .saturating_sub(self.rq.len() + in_progress + self.held_recv)
+    }
+
+    /// The consumer took one of this QP's completions out of the CQ.
+    pub fn completion_consumed(&mut self, opcode: WcOpcode) {
+        if opcode.is_receive() {
+            self.held_recv = self.held_recv.saturating_sub(1);
+        } else {
+            self.held_send = self.held_send.saturating_sub(1);
+        }
+    }
+
+    /// Puts a completion into the CQ, counted against the QP's depth until
+    /// consumed.
+    fn complete<S, const N: usize>(&mut self, ctx: &mut Context<'_, S, N>, wc: WorkCompletion) {
+        if wc.opcode.is_receive() {
+            self.held_recv += 1;
+        } else {
+            self.held_send += 1;
+        }
+        ctx.cq.push(self.cq_tag, wc, ctx.counters);
     }
 
     /// The current state.
@@ -732,10 +921,10 @@ impl Qp {
     /// NAK, READ replies) first, then requester packets. Returns the number
     /// of frames sent. Bounded: at most `budget` frames and O(`SQ_DEPTH`)
     /// bookkeeping per frame.
-    pub fn poll<S, K, const N: usize, const C: usize>(
+    pub fn poll<S, K, const N: usize>(
         &mut self,
         now: u64,
-        ctx: &mut Context<'_, S, N, C>,
+        ctx: &mut Context<'_, S, N>,
         sink: &mut K,
         budget: usize,
     ) -> usize
@@ -757,11 +946,11 @@ impl Qp {
     /// Handles one parsed, ICRC-checked frame addressed to this QP (the HCA
     /// checked addresses and P_Key). Requests go to the responder, ACKs and
     /// READ responses to the requester; anything else is dropped and counted.
-    pub fn receive<S, const N: usize, const C: usize>(
+    pub fn receive<S, const N: usize>(
         &mut self,
         now: u64,
         frame: &RoceFrame<'_>,
-        ctx: &mut Context<'_, S, N, C>,
+        ctx: &mut Context<'_, S, N>,
     ) where
         S: AsRef<[u8]> + AsMut<[u8]>,
     {
@@ -792,9 +981,9 @@ impl Qp {
     /// `WrFlushErr` (a SEND in the middle of arriving with `in_progress`),
     /// pins are released, timers stop. Already queued ACK/NAK packets still
     /// go out (the NAK that explains the error); READ replies are dropped.
-    pub fn enter_error<S, const N: usize, const C: usize>(
+    pub fn enter_error<S, const N: usize>(
         &mut self,
-        ctx: &mut Context<'_, S, N, C>,
+        ctx: &mut Context<'_, S, N>,
         in_progress: WcStatus,
     ) where
         S: AsRef<[u8]> + AsMut<[u8]>,
@@ -813,19 +1002,19 @@ impl Qp {
                 wqe.completion_opcode(),
                 WcStatus::WrFlushErr,
             );
-            ctx.cq.push(wc, ctx.counters);
+            self.complete(ctx, wc);
             self.front_seq += 1;
         }
         if let Inbound::Send { recv, .. } = core::mem::replace(&mut self.inbound, Inbound::Idle) {
             let _ = ctx.arena.unpin_sgl(recv.sgl.as_slice());
             let wc = WorkCompletion::new(recv.wr_id, self.conn, WcOpcode::Recv, in_progress);
-            ctx.cq.push(wc, ctx.counters);
+            self.complete(ctx, wc);
         }
         while let Some(recv) = self.rq.pop_front() {
             let _ = ctx.arena.unpin_sgl(recv.sgl.as_slice());
             let wc =
                 WorkCompletion::new(recv.wr_id, self.conn, WcOpcode::Recv, WcStatus::WrFlushErr);
-            ctx.cq.push(wc, ctx.counters);
+            self.complete(ctx, wc);
         }
         let mut kept: Deque<Response, { config::RESPONSE_DEPTH }> = Deque::new();
         while let Some(response) = self.out.pop_front() {

@@ -187,7 +187,9 @@ impl Qp {
     /// lengths and local keys, pins the memory and assigns PSN ranges.
     ///
     /// # Errors
-    /// [`PostError::NotConnected`] unless in `Rts`; [`PostError::QueueFull`];
+    /// [`PostError::NotConnected`] unless in `Rts`; [`PostError::QueueFull`]
+    /// when queued WQEs plus unconsumed send completions would exceed the
+    /// send depth ([`Qp::send_room`]);
     /// [`PostError::LengthOverflow`] for a message over
     /// [`config::MAX_MESSAGE_LEN`]; [`PostError::InvalidKey`],
     /// [`PostError::OutOfBounds`], [`PostError::AccessDenied`] for bad SGEs
@@ -207,7 +209,7 @@ impl Qp {
         let Some(params) = self.params else {
             return Err(PostError::NotConnected);
         };
-        if self.sq.capacity() - self.sq.len() < requests.len() {
+        if self.send_room() < requests.len() {
             return Err(PostError::QueueFull);
         }
         for request in requests {
@@ -288,8 +290,9 @@ impl Qp {
                 executed: false,
             };
             self.post_psn = self.post_psn.wrapping_add(npkts);
-            // Room was checked above.
-            let _ = self.sq.push_back(wqe);
+            // Room was checked above: within the capacity allocated at
+            // creation, so this never allocates.
+            self.sq.push_back(wqe);
         }
         Ok(())
     }
@@ -350,11 +353,8 @@ impl Qp {
     }
 
     /// Retransmit timer and RNR wait.
-    pub(super) fn run_timers<S, const N: usize, const C: usize>(
-        &mut self,
-        now: u64,
-        ctx: &mut Context<'_, S, N, C>,
-    ) where
+    pub(super) fn run_timers<S, const N: usize>(&mut self, now: u64, ctx: &mut Context<'_, S, N>)
+    where
         S: AsRef<[u8]> + AsMut<[u8]>,
     {
         if self.rnr_until.is_some_and(|until| now >= until) {
@@ -434,10 +434,10 @@ impl Qp {
     }
 
     /// Sends requester packets from the cursor, at most `budget`.
-    pub(super) fn send_requests<S, K, const N: usize, const C: usize>(
+    pub(super) fn send_requests<S, K, const N: usize>(
         &mut self,
         now: u64,
-        ctx: &mut Context<'_, S, N, C>,
+        ctx: &mut Context<'_, S, N>,
         sink: &mut K,
         budget: usize,
     ) -> usize
@@ -511,11 +511,11 @@ impl Qp {
     /// Builds and emits the packet at `tx_psn` of `wqe` (AckReq as given;
     /// READ requests always ask). False if its local
     /// memory cannot be read (cannot happen while pinned).
-    fn send_packet<S, K, const N: usize, const C: usize>(
+    fn send_packet<S, K, const N: usize>(
         &self,
         wqe: &SendWqe,
         ack_req: bool,
-        ctx: &mut Context<'_, S, N, C>,
+        ctx: &mut Context<'_, S, N>,
         sink: &mut K,
     ) -> bool
     where
@@ -601,11 +601,11 @@ impl Qp {
     }
 
     /// Handles an ACKNOWLEDGE or READ response.
-    pub(super) fn handle_response<S, const N: usize, const C: usize>(
+    pub(super) fn handle_response<S, const N: usize>(
         &mut self,
         now: u64,
         frame: &RoceFrame<'_>,
-        ctx: &mut Context<'_, S, N, C>,
+        ctx: &mut Context<'_, S, N>,
     ) where
         S: AsRef<[u8]> + AsMut<[u8]>,
     {
@@ -705,11 +705,11 @@ impl Qp {
     /// Go-back-N to `psn` on a NAK (counting a retry) or a detected loss.
     /// A NAK naming the PSN we already went back to, with no progress since,
     /// is a duplicate and ignored.
-    fn go_back<S, const N: usize, const C: usize>(
+    fn go_back<S, const N: usize>(
         &mut self,
         psn: Psn,
         counts_retry: bool,
-        ctx: &mut Context<'_, S, N, C>,
+        ctx: &mut Context<'_, S, N>,
     ) where
         S: AsRef<[u8]> + AsMut<[u8]>,
     {
@@ -733,11 +733,8 @@ impl Qp {
     /// estimate, retry budgets refill, the timer restarts with a new retry
     /// epoch (or stops when nothing is outstanding), the cursor never lags
     /// behind `una`.
-    fn on_progress<S, const N: usize, const C: usize>(
-        &mut self,
-        now: u64,
-        ctx: &mut Context<'_, S, N, C>,
-    ) where
+    fn on_progress<S, const N: usize>(&mut self, now: u64, ctx: &mut Context<'_, S, N>)
+    where
         S: AsRef<[u8]> + AsMut<[u8]>,
     {
         if let Some(sample) = self.timer.sample {
@@ -766,11 +763,7 @@ impl Qp {
     }
 
     /// Cumulative ACK of every PSN up to and including `psn`.
-    fn apply_ack<S, const N: usize, const C: usize>(
-        &mut self,
-        psn: Psn,
-        ctx: &mut Context<'_, S, N, C>,
-    ) -> AckOutcome
+    fn apply_ack<S, const N: usize>(&mut self, psn: Psn, ctx: &mut Context<'_, S, N>) -> AckOutcome
     where
         S: AsRef<[u8]> + AsMut<[u8]>,
     {
@@ -812,11 +805,11 @@ impl Qp {
 
     /// A READ response packet: in order only; data goes straight into the
     /// WQE's SGL.
-    fn handle_read_response<S, const N: usize, const C: usize>(
+    fn handle_read_response<S, const N: usize>(
         &mut self,
         now: u64,
         frame: &RoceFrame<'_>,
-        ctx: &mut Context<'_, S, N, C>,
+        ctx: &mut Context<'_, S, N>,
     ) where
         S: AsRef<[u8]> + AsMut<[u8]>,
     {
@@ -884,7 +877,7 @@ impl Qp {
     }
 
     /// Retires completed WQEs from the front, in order.
-    fn retire<S, const N: usize, const C: usize>(&mut self, ctx: &mut Context<'_, S, N, C>)
+    fn retire<S, const N: usize>(&mut self, ctx: &mut Context<'_, S, N>)
     where
         S: AsRef<[u8]> + AsMut<[u8]>,
     {
@@ -923,17 +916,14 @@ impl Qp {
                 if wqe.is_read() {
                     wc.byte_len = wqe.len;
                 }
-                ctx.cq.push(wc, ctx.counters);
+                self.complete(ctx, wc);
             }
         }
     }
 
     /// Fails the oldest unfinished WQE with `status`, then errors the QP.
-    fn fail_front<S, const N: usize, const C: usize>(
-        &mut self,
-        status: WcStatus,
-        ctx: &mut Context<'_, S, N, C>,
-    ) where
+    fn fail_front<S, const N: usize>(&mut self, status: WcStatus, ctx: &mut Context<'_, S, N>)
+    where
         S: AsRef<[u8]> + AsMut<[u8]>,
     {
         self.retire(ctx);
@@ -942,11 +932,11 @@ impl Qp {
 
     /// Completes WQE `index` with `status` (unfinished WQEs before it with
     /// `WrFlushErr`, keeping completion order) and moves the QP to `Err`.
-    fn fail_at<S, const N: usize, const C: usize>(
+    fn fail_at<S, const N: usize>(
         &mut self,
         index: usize,
         status: WcStatus,
-        ctx: &mut Context<'_, S, N, C>,
+        ctx: &mut Context<'_, S, N>,
     ) where
         S: AsRef<[u8]> + AsMut<[u8]>,
     {
@@ -962,7 +952,7 @@ impl Qp {
                 WcStatus::WrFlushErr
             };
             let wc = WorkCompletion::new(wqe.wr_id, self.conn, wqe.completion_opcode(), status);
-            ctx.cq.push(wc, ctx.counters);
+            self.complete(ctx, wc);
         }
         self.enter_error(ctx, WcStatus::WrFlushErr);
     }

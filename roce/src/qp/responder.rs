@@ -75,7 +75,7 @@ impl Qp {
         if matches!(self.state, QpState::Reset | QpState::Err) {
             return Err(PostError::NotConnected);
         }
-        if self.rq.capacity() - self.rq.len() < requests.len() {
+        if self.recv_room() < requests.len() {
             return Err(PostError::QueueFull);
         }
         for request in requests {
@@ -89,7 +89,8 @@ impl Qp {
                 sgl: request.sgl.clone(),
                 len: request.sgl.total_len().unwrap_or(0),
             };
-            let _ = self.rq.push_back(wqe);
+            // Room was checked above (never allocates).
+            self.rq.push_back(wqe);
         }
         Ok(())
     }
@@ -124,12 +125,12 @@ impl Qp {
 
     /// A protocol or protection error: NAK `code` with the offending PSN,
     /// then `Err` (a SEND being received completes with `in_progress`).
-    fn responder_error<S, const N: usize, const C: usize>(
+    fn responder_error<S, const N: usize>(
         &mut self,
         psn: Psn,
         code: NakCode,
         in_progress: WcStatus,
-        ctx: &mut Context<'_, S, N, C>,
+        ctx: &mut Context<'_, S, N>,
     ) where
         S: AsRef<[u8]> + AsMut<[u8]>,
     {
@@ -143,10 +144,10 @@ impl Qp {
     }
 
     /// Handles a request packet (SEND, WRITE, READ families).
-    pub(super) fn handle_request<S, const N: usize, const C: usize>(
+    pub(super) fn handle_request<S, const N: usize>(
         &mut self,
         frame: &RoceFrame<'_>,
-        ctx: &mut Context<'_, S, N, C>,
+        ctx: &mut Context<'_, S, N>,
     ) where
         S: AsRef<[u8]> + AsMut<[u8]>,
     {
@@ -251,11 +252,11 @@ impl Qp {
         }
     }
 
-    fn receive_send<S, const N: usize, const C: usize>(
+    fn receive_send<S, const N: usize>(
         &mut self,
         frame: &RoceFrame<'_>,
         info: RequestInfo,
-        ctx: &mut Context<'_, S, N, C>,
+        ctx: &mut Context<'_, S, N>,
     ) where
         S: AsRef<[u8]> + AsMut<[u8]>,
     {
@@ -316,18 +317,18 @@ impl Qp {
             }
         }
         self.msn = self.msn.wrapping_add(1);
-        ctx.cq.push(wc, ctx.counters);
+        self.complete(ctx, wc);
         self.accepted(psn, frame.bth.ack_req, ctx.counters);
         if invalidate_failed {
             self.enter_error(ctx, WcStatus::WrFlushErr);
         }
     }
 
-    fn receive_write<S, const N: usize, const C: usize>(
+    fn receive_write<S, const N: usize>(
         &mut self,
         frame: &RoceFrame<'_>,
         info: RequestInfo,
-        ctx: &mut Context<'_, S, N, C>,
+        ctx: &mut Context<'_, S, N>,
     ) where
         S: AsRef<[u8]> + AsMut<[u8]>,
     {
@@ -420,17 +421,17 @@ impl Qp {
                 );
                 wc.byte_len = len;
                 wc.imm = frame.ext.immdt.map(|immdt| immdt.immediate);
-                ctx.cq.push(wc, ctx.counters);
+                self.complete(ctx, wc);
             }
         }
         self.msn = self.msn.wrapping_add(1);
         self.accepted(psn, frame.bth.ack_req, ctx.counters);
     }
 
-    fn receive_read<S, const N: usize, const C: usize>(
+    fn receive_read<S, const N: usize>(
         &mut self,
         frame: &RoceFrame<'_>,
-        ctx: &mut Context<'_, S, N, C>,
+        ctx: &mut Context<'_, S, N>,
     ) where
         S: AsRef<[u8]> + AsMut<[u8]>,
     {
@@ -530,9 +531,9 @@ impl Qp {
     }
 
     /// Sends queued responses, at most `budget` frames.
-    pub(super) fn send_responses<S, K, const N: usize, const C: usize>(
+    pub(super) fn send_responses<S, K, const N: usize>(
         &mut self,
-        ctx: &mut Context<'_, S, N, C>,
+        ctx: &mut Context<'_, S, N>,
         sink: &mut K,
         budget: usize,
     ) -> usize
@@ -590,12 +591,12 @@ impl Qp {
     }
 
     /// Emits READ response packet `psn` of `resource` (a run from `start`).
-    fn send_read_response<S, K, const N: usize, const C: usize>(
+    fn send_read_response<S, K, const N: usize>(
         &self,
         resource: &ReadResource,
         start: Psn,
         psn: Psn,
-        ctx: &mut Context<'_, S, N, C>,
+        ctx: &mut Context<'_, S, N>,
         sink: &mut K,
     ) -> bool
     where

@@ -207,8 +207,9 @@ impl<V: Verbs> Server<V> {
     }
 
     /// A new half-open path for `req` from `addresses`, within the path and
-    /// half-open limits: the oldest half-open path is evicted when
-    /// `max_half_open` are; a client address with
+    /// half-open limits: when `max_half_open` are, the oldest half-open
+    /// path is evicted if it has been in setup a quarter of the deadline,
+    /// else the newcomer is refused; a client address with
     /// `max_half_open_per_source` is refused. It holds its INFO_REQ
     /// receive buffer and, as they come, its connections; nothing else.
     pub(super) fn create_path(
@@ -247,14 +248,27 @@ impl<V: Verbs> Server<V> {
             return Err(ConnectRefusal::TooManyHalfOpen);
         }
         if half_open().count() >= usize::from(self.config.max_half_open) {
-            // The oldest half-open path has the earliest setup deadline.
+            // The oldest half-open path has the earliest setup deadline. It
+            // makes room only once it has been in setup for a quarter of
+            // the deadline: a path that slow is stalling, while a rack of
+            // hosts connecting at once sets each path up in milliseconds,
+            // and evicting those would let none finish. Until then the
+            // newcomer is refused (ENOMEM) and its client retries.
             let oldest = (0..self.paths.len())
                 .filter(|&i| self.paths[i].state == PathState::Connecting)
                 .min_by_key(|&i| self.paths[i].setup_deadline);
-            if let Some(oldest) = oldest {
-                self.stats.half_open_evicted += 1;
-                self.begin_close(oldest as u16, CloseReason::Evicted, now);
-                self.maybe_free_path(oldest as u16);
+            let stalled_by =
+                now.saturating_add(self.config.setup_timeout_ns - self.config.setup_timeout_ns / 4);
+            match oldest {
+                Some(oldest) if self.paths[oldest].setup_deadline <= stalled_by => {
+                    self.stats.half_open_evicted += 1;
+                    self.begin_close(oldest as u16, CloseReason::Evicted, now);
+                    self.maybe_free_path(oldest as u16);
+                }
+                _ => {
+                    self.stats.half_open_refused += 1;
+                    return Err(ConnectRefusal::TooManyHalfOpen);
+                }
             }
         }
         let index = self

@@ -14,7 +14,9 @@
 //!    per volume): the drivers' DMA memory;
 //! 3. every byte left over joins the heap. The engine allocates its
 //!    registered arenas there (one per interface,
-//!    [`crate::arena_bytes`]), and RAM volumes are `Vec<u8>`s there too:
+//!    [`crate::arena_bytes`]) and the HCAs' and its own tables (QPs,
+//!    CQs, region tables, requests: [`manifest::Capacity::memory`]), and
+//!    RAM volumes are `Vec<u8>`s there too:
 //!    [`PoolPlan::heap_bytes`] is the check, counted once. Registered memory
 //!    is not reserved in the pool as well (it used to be, which made the
 //!    default limits need twice the memory).
@@ -56,6 +58,9 @@ pub struct PoolPlan {
     /// The engine's registered arenas, all interfaces (allocated from the
     /// heap).
     pub arenas: u64,
+    /// The engine's tables: QPs and their queues, CQs, region tables, CM
+    /// slots, request tables (allocated from the heap).
+    pub tables: u64,
     /// RAM volumes (allocated from the heap).
     pub ram_volumes: u64,
 }
@@ -65,6 +70,7 @@ impl PoolPlan {
     pub fn for_manifest(manifest: &Manifest<'_>) -> PoolPlan {
         let config = crate::server_config(manifest);
         let per_interface = crate::arena_bytes(&config) as u64;
+        let memory = manifest::Capacity::of(manifest).memory();
         let per_disk = crate::virtio_blk_config(&config).dma_bytes() as u64;
         let per_namespace = nvme_queue_config(&config).dma_bytes() as u64 + NVME_CONTROLLER_BYTES;
         let disks = manifest
@@ -79,6 +85,7 @@ impl PoolPlan {
             rings: RING_BYTES.saturating_add(disks),
             disks,
             arenas: per_interface.saturating_mul(manifest.interface_count() as u64),
+            tables: memory.total().saturating_sub(memory.chunks),
             ram_volumes: manifest.ram_volume_bytes(),
         }
     }
@@ -88,10 +95,12 @@ impl PoolPlan {
         super::memory::align_up(self.rings, POOL_ALIGN).unwrap_or(u64::MAX)
     }
 
-    /// Bytes the heap needs beyond the boot heap: the registered arenas and
-    /// the RAM volumes.
+    /// Bytes the heap needs beyond the boot heap: the registered arenas,
+    /// the engine's tables and the RAM volumes.
     pub fn heap_bytes(&self) -> u64 {
-        self.arenas.saturating_add(self.ram_volumes)
+        self.arenas
+            .saturating_add(self.tables)
+            .saturating_add(self.ram_volumes)
     }
 
     /// Guest memory (MiB) that holds the plan plus `carved` bytes carved
@@ -114,6 +123,9 @@ mod tests {
     use super::*;
     use manifest::binary::Manifest;
 
+    /// `examples/two-ram-volumes.toml`'s guest (xtask pins it too).
+    const GUEST_MIB_EXAMPLE: u64 = 6606;
+
     #[test]
     fn test_plan_for_example_manifest() {
         let config = manifest::compile(
@@ -125,16 +137,27 @@ mod tests {
         let manifest = Manifest::parse(&blob).unwrap();
         let plan = PoolPlan::for_manifest(&manifest);
         assert_eq!(plan.ram_volumes, 512 << 20);
-        // One interface: 8 path pools of 512 chunks of 132 KiB (+ 64 bytes
-        // of control each) plus 64 KiB per pool.
+        // One interface, default limits: 16 sessions × 4 paths = 64 live
+        // paths plus 16 replacements, each a pool of 512 chunks of 132 KiB
+        // (+ 64 bytes each) plus 64 KiB of control buffers.
         let per_pool = 512 * (132 * 1024 + 64) + (1 << 16);
-        assert_eq!(plan.arenas, 8 * per_pool);
+        assert_eq!(plan.arenas, 80 * per_pool);
+        // 65 connections per path of the 80 pools' paths and of 16
+        // half-open paths: 6,240 QPs of send depth 128 and receive depth
+        // 513 and their CQ budgets, twice as many CM slots plus 16,
+        // 80 × 515 + 16 regions; 40,960 requests, two volumes that can
+        // park each.
+        let qps = (80 + 16) * 65;
+        let per_qp = 4096 + 128 * 128 + 513 * 96;
+        let cq = qps * (128 + 513) * 64;
+        let tables = (2 * qps + 16) * 1024 + (80 * 515 + 16) * 48;
+        let requests = 80 * 512 * (64 + 2 * 128);
+        assert_eq!(plan.tables, qps * per_qp + cq + tables + requests);
         assert_eq!(plan.bytes(), 16 << 20);
         assert_eq!(plan.disks, 0);
-        // Registered memory counted once: about 1.2 GiB in all.
-        let mib = ((16u64 + 512 + 8 + 32) << 20) + 8 * per_pool;
+        let mib = ((16u64 + 512 + 8 + 32) << 20) + plan.arenas + plan.tables;
         assert_eq!(plan.guest_mib(32 << 20, 64), mib.div_ceil(1 << 20) + 64);
-        // xtask's `guest_mib` copies this formula and pins the same number.
-        assert_eq!(plan.guest_mib(32 << 20, 64), 1161);
+        // xtask's `guest_mib` counts the same way and pins the same number.
+        assert_eq!(plan.guest_mib(32 << 20, 64), GUEST_MIB_EXAMPLE);
     }
 }

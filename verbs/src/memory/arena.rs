@@ -1,21 +1,26 @@
 //! `Arena`: the reference registered-memory pool, allocated once.
 //!
 //! One byte pool (any `AsRef<[u8]> + AsMut<[u8]>` storage: `Box<[u8]>`,
-//! `Vec<u8>`, `&'static mut [u8]`) and a region table of `N` slots. Buffers
+//! `Vec<u8>`, `&'static mut [u8]`) and a region table of `R` slots, `R`
+//! chosen at construction ([`Arena::with_regions`]; [`Arena::new`] takes
+//! the type's `N`). Buffers
 //! are carved first-fit from the pool and zeroed on allocation, so a new
 //! owner (or a peer with an rkey) never sees a previous owner's bytes. Each
 //! buffer is registered at most once, as a whole, getting an lkey and an
-//! rkey. Nothing allocates after construction.
+//! rkey. The region table is allocated once, at construction; nothing
+//! allocates after it.
 //!
 //! Keys: index (24 bits) + variant (8 bits). The index is the slot number
-//! plus a random multiple of `N`, and the variant is random, non-zero and
-//! never the previous one; both are redrawn on every re-key. A peer guessing
-//! a current rkey succeeds with probability about `N / 2^32`, and a wrong
+//! plus a random multiple of `R`, and the variant is random, non-zero and
+//! never the previous one; both are redrawn on every re-key. A key finds its
+//! slot in O(1) (`index % R`). A peer guessing
+//! a current rkey succeeds with probability about `R / 2^32`, and a wrong
 //! guess kills its connection (NAK, QP error).
 //!
 //! Contract: no method panics, whatever the handle, key, SGE or address;
 //! every refusal is an error value.
 
+use alloc::vec::Vec;
 use core::ops::Range;
 
 use crate::access::AccessFlags;
@@ -46,10 +51,11 @@ struct Slot {
     registration: Option<Registration>,
 }
 
-/// Registered-memory pool with a fixed table of `N` buffers (`N` ≤ 65536).
+/// Registered-memory pool with a fixed table of at most [`MAX_REGIONS`] buffers,
+/// sized when built: [`Arena::with_regions`] takes the count at run time
+/// (the type's `N` is then unused, `Arena<S>`), [`Arena::new`] takes `N`.
 ///
-/// The table is inline (about 40 bytes per slot): with a large `N`, keep
-/// the arena in a `static` or a long-lived owner rather than on a small stack.
+/// The table (about 40 bytes per slot) is allocated once, at construction.
 ///
 /// ```
 /// use verbs::memory::Arena;
@@ -84,26 +90,54 @@ struct Slot {
 /// assert_ne!(fresh, mr.rkey);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-pub struct Arena<S, const N: usize> {
+pub struct Arena<S, const N: usize = 0> {
     storage: S,
-    /// Slot table; grows up to `N` entries, freed slots are reused.
-    slots: heapless::Vec<Slot, N>,
+    /// Slot table; grows up to `regions` entries (capacity reserved at
+    /// construction), freed slots are reused.
+    slots: Vec<Slot>,
     /// Indices of live slots, sorted by start (first-fit allocation).
-    order: heapless::Vec<u16, N>,
+    order: Vec<u32>,
+    /// Size of the region table (1..=[`MAX_REGIONS`]).
+    regions: usize,
 }
 
-impl<S: AsRef<[u8]> + AsMut<[u8]>, const N: usize> Arena<S, N> {
-    const TABLE_FITS: () = assert!(N > 0 && N <= 1 << 16, "Arena: N must be in 1..=65536");
+/// Most regions an arena's table holds: a key's 24-bit index part is the
+/// slot plus a random multiple of the table size, so at least 16
+/// multiples remain (a guessed key names a live region with probability
+/// about `regions / 2^32`).
+pub const MAX_REGIONS: usize = 1 << 20;
 
-    /// A pool over `storage` (its current contents are irrelevant: buffers
-    /// are zeroed on allocation).
+impl<S: AsRef<[u8]> + AsMut<[u8]>, const N: usize> Arena<S, N> {
+    const TABLE_FITS: () = assert!(N > 0 && N <= MAX_REGIONS, "Arena: N must be in 1..=2^20");
+
+    /// A pool over `storage` with a table of `N` regions (its current
+    /// contents are irrelevant: buffers are zeroed on allocation).
     pub fn new(storage: S) -> Self {
         let () = Self::TABLE_FITS;
+        Self::with_regions(storage, N)
+    }
+
+    /// A pool over `storage` with a table of `regions` regions, clamped to
+    /// 1..=[`MAX_REGIONS`]; the table is allocated here, once.
+    pub fn with_regions(storage: S, regions: usize) -> Self {
+        let regions = regions.clamp(1, MAX_REGIONS);
         Self {
             storage,
-            slots: heapless::Vec::new(),
-            order: heapless::Vec::new(),
+            slots: Vec::with_capacity(regions),
+            order: Vec::with_capacity(regions),
+            regions,
         }
+    }
+
+    /// Bytes the region table of `regions` regions takes (what
+    /// [`Arena::with_regions`] allocates besides the storage).
+    pub const fn table_bytes(regions: usize) -> usize {
+        regions * (core::mem::size_of::<Slot>() + core::mem::size_of::<u32>())
+    }
+
+    /// Size of the region table: most buffers the arena holds at once.
+    pub fn regions(&self) -> usize {
+        self.regions
     }
 
     /// Size of the pool in bytes.
@@ -133,7 +167,7 @@ impl<S: AsRef<[u8]> + AsMut<[u8]>, const N: usize> Arena<S, N> {
         }
         let slot_index = match self.slots.iter().position(|slot| !slot.live) {
             Some(index) => index,
-            None if self.slots.len() < N => self.slots.len(),
+            None if self.slots.len() < self.regions => self.slots.len(),
             None => return Err(AllocError::TableFull),
         };
         let (position, start) = self.find_gap(len as usize, align as usize)?;
@@ -155,16 +189,15 @@ impl<S: AsRef<[u8]> + AsMut<[u8]>, const N: usize> Arena<S, N> {
             live: true,
             registration: None,
         };
-        let index = u16::try_from(slot_index).map_err(|_| AllocError::TableFull)?;
+        let index = u32::try_from(slot_index).map_err(|_| AllocError::TableFull)?;
+        // Both pushes stay within the capacity reserved at construction
+        // (`slot_index < regions`; `order` holds one entry per live slot).
         if slot_index == self.slots.len() {
-            self.slots.push(slot).map_err(|_| AllocError::TableFull)?;
+            self.slots.push(slot);
         } else {
             self.slots[slot_index] = slot;
         }
-        // `order` holds at most as many entries as there are live slots (< N).
-        self.order
-            .insert(position, index)
-            .map_err(|_| AllocError::TableFull)?;
+        self.order.insert(position, index);
         Ok(MemoryHandle::new(RegionId::new(index, generation), 0, len))
     }
 
@@ -172,7 +205,7 @@ impl<S: AsRef<[u8]> + AsMut<[u8]>, const N: usize> Arena<S, N> {
     fn find_gap(&self, len: usize, align: usize) -> Result<(usize, usize), AllocError> {
         let mut cursor = 0usize;
         for (position, &index) in self.order.iter().enumerate() {
-            let slot = &self.slots[usize::from(index)];
+            let slot = &self.slots[index as usize];
             if let Some(start) = fit(cursor, slot.start, len, align) {
                 return Ok((position, start));
             }
@@ -200,7 +233,7 @@ impl<S: AsRef<[u8]> + AsMut<[u8]>, const N: usize> Arena<S, N> {
         let slot = &mut self.slots[index];
         slot.live = false;
         slot.registration = None;
-        self.order.retain(|&live| usize::from(live) != index);
+        self.order.retain(|&live| live as usize != index);
         Ok(())
     }
 
@@ -224,8 +257,8 @@ impl<S: AsRef<[u8]> + AsMut<[u8]>, const N: usize> Arena<S, N> {
         if !access.is_valid() {
             return Err(RegError::InvalidAccess);
         }
-        let lkey = Lkey(new_key::<N>(index, None, &mut keys));
-        let rkey = Rkey(new_key::<N>(index, None, &mut keys));
+        let lkey = Lkey(new_key(self.regions, index, None, &mut keys));
+        let rkey = Rkey(new_key(self.regions, index, None, &mut keys));
         let slot = &mut self.slots[index];
         slot.registration = Some(Registration {
             lkey,
@@ -269,7 +302,12 @@ impl<S: AsRef<[u8]> + AsMut<[u8]>, const N: usize> Arena<S, N> {
         if reg.pins > 0 {
             return Err(RegError::Busy);
         }
-        reg.rkey = Rkey(new_key::<N>(index, Some(reg.rkey.variant()), &mut keys));
+        reg.rkey = Rkey(new_key(
+            self.regions,
+            index,
+            Some(reg.rkey.variant()),
+            &mut keys,
+        ));
         reg.remote_valid = true;
         Ok(reg.rkey)
     }
@@ -299,7 +337,7 @@ impl<S: AsRef<[u8]> + AsMut<[u8]>, const N: usize> Arena<S, N> {
         let index = self.lkey_slot(lkey)?;
         let slot = &self.slots[index];
         let reg = slot.registration.ok_or(AccessError::InvalidKey)?;
-        let id = RegionId::new(index as u16, slot.generation);
+        let id = RegionId::new(index as u32, slot.generation);
         Ok(describe(slot, id, reg.lkey, reg.rkey, reg.access))
     }
 
@@ -386,7 +424,7 @@ impl<S: AsRef<[u8]> + AsMut<[u8]>, const N: usize> Arena<S, N> {
         if !reg.access.contains(access) {
             return Err(AccessError::AccessDenied);
         }
-        let id = RegionId::new(index as u16, slot.generation);
+        let id = RegionId::new(index as u32, slot.generation);
         MemoryHandle::new(id, 0, slot.len)
             .slice(sge.offset, sge.len)
             .ok_or(AccessError::OutOfBounds)
@@ -420,7 +458,7 @@ impl<S: AsRef<[u8]> + AsMut<[u8]>, const N: usize> Arena<S, N> {
             .checked_sub(slot.start as u64)
             .ok_or(AccessError::OutOfBounds)?;
         let offset = u32::try_from(offset).map_err(|_| AccessError::OutOfBounds)?;
-        let id = RegionId::new(index as u16, slot.generation);
+        let id = RegionId::new(index as u32, slot.generation);
         MemoryHandle::new(id, 0, slot.len)
             .slice(offset, len)
             .ok_or(AccessError::OutOfBounds)
@@ -544,7 +582,7 @@ impl<S: AsRef<[u8]> + AsMut<[u8]>, const N: usize> Arena<S, N> {
         let id = handle.region();
         let slot = self
             .slots
-            .get(usize::from(id.index()))
+            .get(id.index() as usize)
             .ok_or(AccessError::StaleHandle)?;
         if !slot.live || slot.generation != id.generation() {
             return Err(AccessError::StaleHandle);
@@ -561,7 +599,7 @@ impl<S: AsRef<[u8]> + AsMut<[u8]>, const N: usize> Arena<S, N> {
     /// Slot and generation check for a handle that must cover its buffer.
     fn whole_buffer(&self, handle: MemoryHandle) -> Result<usize, RegError> {
         let id = handle.region();
-        let index = usize::from(id.index());
+        let index = id.index() as usize;
         match self.slots.get(index) {
             Some(slot) if slot.live && slot.generation == id.generation() => {
                 if handle.offset() == 0 && handle.len() == slot.len {
@@ -576,7 +614,7 @@ impl<S: AsRef<[u8]> + AsMut<[u8]>, const N: usize> Arena<S, N> {
 
     /// Slot whose registration has exactly this lkey.
     fn lkey_slot(&self, lkey: Lkey) -> Result<usize, AccessError> {
-        let index = lkey.index() as usize % N;
+        let index = lkey.index() as usize % self.regions;
         match self.slots.get(index) {
             Some(Slot {
                 live: true,
@@ -589,7 +627,7 @@ impl<S: AsRef<[u8]> + AsMut<[u8]>, const N: usize> Arena<S, N> {
 
     /// Slot whose registration has exactly this rkey, currently valid.
     fn rkey_slot(&self, rkey: Rkey) -> Result<usize, AccessError> {
-        let index = rkey.index() as usize % N;
+        let index = rkey.index() as usize % self.regions;
         match self.slots.get(index) {
             Some(Slot {
                 live: true,
@@ -696,13 +734,16 @@ fn fit(from: usize, to: usize, len: usize, align: usize) -> Option<usize> {
     (start.checked_add(len)? <= to).then_some(start)
 }
 
-/// A fresh key for slot `index`: index part = slot + random multiple of `N`
-/// (so `index part % N` finds the slot), variant random in 1..=255 and not
+/// A fresh key for slot `index` of a table of `regions`: the index part
+/// is the slot plus a random multiple of `regions` (so `index part %
+/// regions` finds the slot), the variant random in 1..=255 and not
 /// `avoid`. Never 0.
-fn new_key<const N: usize>(index: usize, avoid: Option<u8>, keys: &mut impl KeySource) -> u32 {
-    let multiples = (1u32 << 24) / N as u32;
+fn new_key(regions: usize, index: usize, avoid: Option<u8>, keys: &mut impl KeySource) -> u32 {
+    // 1 ≤ regions ≤ 2^20: at least 16 multiples fit in 24 bits.
+    let regions = regions as u32;
+    let multiples = (1u32 << 24) / regions;
     let high = keys.next_u32() % multiples;
-    let key_index = index as u32 + high * N as u32;
+    let key_index = index as u32 + high * regions;
     let mut variant = (keys.next_u32() % 255 + 1) as u8;
     if Some(variant) == avoid {
         variant = variant % 255 + 1;
@@ -827,10 +868,7 @@ mod tests {
         let h = arena.alloc(256, 8).unwrap();
         let mr = arena.register(h, RW, &mut keys).unwrap();
         assert_ne!(mr.rkey.0, 0);
-        assert_eq!(
-            mr.lkey.index() as usize % 8,
-            usize::from(h.region().index())
-        );
+        assert_eq!(mr.lkey.index() as usize % 8, h.region().index() as usize);
         assert_eq!(
             arena.register(h, RW, &mut keys),
             Err(RegError::AlreadyRegistered)
@@ -909,7 +947,7 @@ mod tests {
             let next = arena.rekey(mr.lkey, &mut keys).unwrap();
             assert_ne!(next.variant(), previous.variant());
             assert_ne!(next.0, 0);
-            assert_eq!(next.index() as usize % 8, usize::from(h.region().index()));
+            assert_eq!(next.index() as usize % 8, h.region().index() as usize);
             previous = next;
         }
     }

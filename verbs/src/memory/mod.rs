@@ -15,7 +15,7 @@
 
 mod arena;
 
-pub use arena::{Arena, SglSlices};
+pub use arena::{Arena, SglSlices, MAX_REGIONS};
 
 use crate::access::AccessFlags;
 use crate::error::AccessError;
@@ -26,18 +26,18 @@ use crate::wr::Sge;
 /// allocation it belongs to, so a freed-and-reused slot is detected.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct RegionId {
-    index: u16,
+    index: u32,
     generation: u16,
 }
 
 impl RegionId {
     /// Id of slot `index` in its allocation `generation` (for providers).
-    pub const fn new(index: u16, generation: u16) -> Self {
+    pub const fn new(index: u32, generation: u16) -> Self {
         Self { index, generation }
     }
 
     /// Slot index in the provider's table.
-    pub const fn index(self) -> u16 {
+    pub const fn index(self) -> u32 {
         self.index
     }
 

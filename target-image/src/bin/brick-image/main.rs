@@ -456,12 +456,14 @@ mod board {
                         ExitCode::NoMemory,
                         format_args!(
                             "the manifest needs {} (rings {} + engine stack {} + registered \
-                             arenas {} + RAM volumes {}), {} of RAM is free: give the guest \
-                             more memory or lower [limits] queue_depth / max_sessions",
+                             arenas {} + engine tables {} + RAM volumes {}), {} of RAM is \
+                             free: give the guest more memory or lower [limits] queue_depth \
+                             / max_sessions",
                             Bytes(needed),
                             Bytes(plan.bytes()),
                             Bytes(crate::serve::ENGINE_STACK_BYTES),
                             Bytes(plan.arenas),
+                            Bytes(plan.tables),
                             Bytes(plan.ram_volumes),
                             Bytes(free.total())
                         ),
@@ -477,8 +479,9 @@ mod board {
                 );
                 log!("engine stack: {stack}");
                 log!(
-                    "heap needs: registered arenas {} + RAM volumes {}",
+                    "heap needs: registered arenas {} + engine tables {} + RAM volumes {}",
                     Bytes(plan.arenas),
+                    Bytes(plan.tables),
                     Bytes(plan.ram_volumes)
                 );
                 // The whole pool is the drivers' DMA memory.

@@ -890,23 +890,33 @@ pub fn serve(
 ) -> ! {
     let mut wake = FrameWake::new(&nics);
     let mut nics: Vec<Net> = nics.into_iter().map(|nic| nic.net).collect();
-    // The engine allocates its registered arenas from the heap (not from
-    // the boot pool, yet): refuse clearly rather than fail an allocation.
+    // The engine allocates its registered arenas and its tables (QPs, CQs,
+    // region tables: manifest::Capacity) from the heap (not from the boot
+    // pool, yet): refuse clearly rather than fail an allocation.
     let arenas = (target_image::arena_bytes(&target_image::server_config(&manifest)) as u64)
         .saturating_mul(nics.len() as u64);
+    let memory = manifest::Capacity::of(&manifest).memory();
+    let tables = memory.total().saturating_sub(memory.chunks);
     let (heap_free, _, _) = crate::memory::HEAP.stats();
     log!(
-        "engine: registered arenas {} of {} heap",
+        "engine: registered arenas {} and tables {} of {} heap",
         Bytes(arenas),
+        Bytes(tables),
         Bytes(heap_free)
     );
-    if arenas.saturating_add(manifest.ram_volume_bytes()) > heap_free {
+    if arenas
+        .saturating_add(tables)
+        .saturating_add(manifest.ram_volume_bytes())
+        > heap_free
+    {
         fail(
             ExitCode::NoMemory,
             format_args!(
-                "the engine needs {} of arenas and {} of RAM volumes, the heap has {}: \
-                 give the guest more memory or lower [limits] queue_depth / max_sessions",
+                "the engine needs {} of arenas, {} of tables and {} of RAM volumes, the heap \
+                 has {}: give the guest more memory or lower [limits] queue_depth / \
+                 max_sessions / max_connections_per_path",
                 Bytes(arenas),
+                Bytes(tables),
                 Bytes(manifest.ram_volume_bytes()),
                 Bytes(heap_free)
             ),
