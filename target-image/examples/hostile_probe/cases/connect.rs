@@ -77,13 +77,19 @@ pub fn cases(args: &Args) -> Vec<Case> {
         ),
         case(
             "con_req_storm_many_addresses",
-            "every CON_REQ accepted, the oldest beyond max_half_open evicted; a new session serves",
+            format!(
+                "max_half_open accepted, the rest {} (none evicted while young); a new session serves",
+                rej(rtrs_errno::ENOMEM)
+            ),
             // `max_half_open_per_source` new paths from each of twice as many
-            // addresses as `max_half_open` allows in all: each is accepted,
-            // and each beyond the limit evicts the oldest.
+            // addresses as `max_half_open` allows in all, at once: the table
+            // fills, the rest are refused (the client retries), and no young
+            // half-open path is evicted: a rack connecting at once must not
+            // evict itself.
             |wire, args| {
                 let per = usize::from(args.max_half_open_per_source);
-                let sources = 2 * usize::from(args.max_half_open).div_ceil(per);
+                let total = usize::from(args.max_half_open);
+                let sources = 2 * total.div_ceil(per);
                 let nodes: Vec<usize> = (0..sources).map(|_| wire.add_raw()).collect();
                 let mut requests = Vec::new();
                 for _ in 0..per {
@@ -93,18 +99,32 @@ pub fn cases(args: &Args) -> Vec<Case> {
                     }
                 }
                 let (accepted, words) = storm(wire, &requests);
-                let evict = accepted
-                    .len()
-                    .saturating_sub(usize::from(args.max_half_open));
-                let down = |w: &Wire| accepted.iter().filter(|&&(r, c)| is_down(w, r, c)).count();
-                wire.run_until("the evicted half-open paths closed", |w| down(w) >= evict);
                 wire.run_for(300_000_000);
-                let evicted = down(wire);
-                let outcome = if accepted.len() == requests.len() && evicted == evict {
-                    "every CON_REQ accepted, the oldest beyond max_half_open evicted".to_string()
+                let down = accepted.iter().filter(|&&(r, c)| is_down(wire, r, c)).count();
+                let refused = words.iter().filter(|w| **w == rej(rtrs_errno::ENOMEM)).count();
+                let outcome = if accepted.len() == total.min(requests.len())
+                    && refused == requests.len() - accepted.len()
+                    && down == 0
+                {
+                    format!(
+                        "max_half_open accepted, the rest {} (none evicted while young)",
+                        rej(rtrs_errno::ENOMEM)
+                    )
                 } else {
-                    format!("{}; {evicted} closed (expected {evict})", tally(&words))
+                    format!(
+                        "{}; {} accepted, {down} of them closed (expected {total}, 0)",
+                        tally(&words),
+                        accepted.len()
+                    )
                 };
+                // A client refused meanwhile retries; by the time the
+                // oldest storm path has stalled for a quarter of the setup
+                // deadline, it makes room.
+                let start = wire.now();
+                let stalled = args.setup_timeout_ms * 1_000_000 / 4;
+                wire.run_until("the storm's half-open paths stalled", |w| {
+                    w.now() >= start + stalled + 100_000_000
+                });
                 outcome + "; " + &newcomer(wire, args, "after-storms")
             },
         ),
@@ -131,7 +151,10 @@ pub fn cases(args: &Args) -> Vec<Case> {
         ),
         case(
             "half_open_eviction",
-            "max_half_open held, the next accepted and only the oldest evicted",
+            format!(
+                "max_half_open held, the next {} while all are young; accepted once the oldest stalled, only it evicted",
+                rej(rtrs_errno::ENOMEM)
+            ),
             |wire, args| {
                 let per = usize::from(args.max_half_open_per_source);
                 let total = usize::from(args.max_half_open);
@@ -149,6 +172,14 @@ pub fn cases(args: &Args) -> Vec<Case> {
                 }
                 let late = wire.add_raw();
                 let (path, session) = uuids(wire);
+                let young = refusal(&wire.raw_connect_held(late, &con_req(0, 2, path, session)));
+                // A quarter of the setup deadline after the oldest: stalled.
+                let first_at = wire.now();
+                let stalled = args.setup_timeout_ms * 1_000_000 / 4;
+                wire.run_until("the oldest half-open path stalled", |w| {
+                    w.now() >= first_at + stalled + 100_000_000
+                });
+                let (path, session) = uuids(wire);
                 let next = refusal(&wire.raw_connect_held(late, &con_req(0, 2, path, session)));
                 let (first_r, first) = held[0];
                 wire.run_until("the oldest half-open path evicted", |w| {
@@ -156,10 +187,16 @@ pub fn cases(args: &Args) -> Vec<Case> {
                 });
                 wire.run_for(300_000_000);
                 let closed = held.iter().filter(|&&(r, c)| is_down(wire, r, c)).count();
-                if next == "accepted" && closed == 1 {
-                    "max_half_open held, the next accepted and only the oldest evicted".into()
+                if young == rej(rtrs_errno::ENOMEM) && next == "accepted" && closed == 1 {
+                    format!(
+                        "max_half_open held, the next {} while all are young; accepted once the oldest stalled, only it evicted",
+                        rej(rtrs_errno::ENOMEM)
+                    )
                 } else {
-                    format!("{} held, the next {next}, {closed} closed", held.len())
+                    format!(
+                        "{} held, the next {young} while young, then {next}, {closed} closed",
+                        held.len()
+                    )
                 }
             },
         ),
