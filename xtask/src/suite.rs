@@ -813,8 +813,10 @@ fn multipath_cut(bed: &mut Bed) -> Result<()> {
 const NO_PROBE_PORT: &str =
     "the target has no probe port (hostile_probe drives the Brick targets, hosted and image)";
 
-/// How long the probe may run in all (each of its waits is bounded too).
-const PROBE_TIMEOUT: Duration = Duration::from_secs(300);
+/// How long the probe may run in all (each of its waits is bounded too):
+/// 54 cases with a 4.5 s pause after each, a 20 s silent client, a
+/// vanished session released by heartbeats (~40 s): about 6 minutes.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(720);
 
 /// Runs `hostile_probe` on the bed's probe port; returns its exit status
 /// and its output (stdout, then stderr), killing it at [`PROBE_TIMEOUT`].
@@ -837,6 +839,15 @@ fn run_probe(bed: &Bed, binary: &std::path::Path) -> Result<(std::process::ExitS
         .args(["--rw-volume", &port.rw_volume])
         .args(["--max-connections", &port.max_connections.to_string()])
         .args(["--max-sessions", &port.max_sessions.to_string()])
+        .args(["--healthy-volume", &port.healthy_volume])
+        .args(["--pinned-prefix", &port.pinned_prefix])
+        .args(["--outsider", &port.outsider])
+        .args(["--max-half-open", &port.max_half_open.to_string()])
+        .args([
+            "--max-half-open-per-source",
+            &port.max_half_open_per_source.to_string(),
+        ])
+        .args(["--setup-timeout-ms", &port.setup_timeout_ms.to_string()])
         .stdin(Stdio::null())
         .stdout(std::fs::File::create(&out_path)?)
         .stderr(std::fs::File::create(&err_path)?)
@@ -894,11 +905,15 @@ fn is_client_error_line(line: &str) -> bool {
 }
 
 /// A healthy Linux client keeps a verifying fio running on vol0 while
-/// `hostile_probe` plays hostile clients on the probe port (bad CON_REQs,
-/// too many connections and sessions, a refused session name, IO_REQs
-/// with a bad chunk id or offset, `usr_len`, `sg_cnt` and `bi_size`
-/// violations, a write through a read-only open, an unknown device id):
-/// every attack gets its answer, the probe exits 0, fio verifies with 0
+/// `hostile_probe` plays hostile clients on the probe port (54 cases:
+/// malformed CON_REQs and CON_REQ storms, the half-open limits and
+/// deadline, takeovers, too many connections and sessions, refused and
+/// squatted names, access rules on a second path, dropped and vanished
+/// sessions, bad immediates, chunk ids, offsets and READ descriptors,
+/// request and heartbeat floods, clients that stop reading, RNBD OPEN,
+/// CLOSE and IO misuse) beside its own healthy Brick client: every attack
+/// gets its answer, the probe exits 0 (which needs its healthy client to
+/// see 0 errors and keep 80 % of its baseline rate), fio verifies with 0
 /// errors and the client's kernel log shows no RTRS/RNBD trouble.
 fn hostile_neighbour(bed: &mut Bed) -> Result<()> {
     if bed.probe.is_none() || bed.target.descriptor.probe.is_none() {

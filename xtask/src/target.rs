@@ -98,6 +98,16 @@ pub struct ProbePort {
     pub max_connections: u16,
     /// The target's `max_sessions`.
     pub max_sessions: u32,
+    /// The healthy Brick client's own volume (session `PREFIX-healthy`).
+    pub healthy_volume: String,
+    /// Sessions `PINNED-*` may use `rw_volume` from the probe's /25 only.
+    pub pinned_prefix: String,
+    /// A probe-link address outside that /25.
+    pub outsider: String,
+    /// The target's RTRS half-open limits and setup deadline.
+    pub max_half_open: u16,
+    pub max_half_open_per_source: u16,
+    pub setup_timeout_ms: u64,
 }
 
 /// The target's probe interface (the path subnets are 10.77.0.0/24 up).
@@ -112,6 +122,21 @@ const PROBE_SESSIONS: &str = "probe";
 const PROBE_REFUSED: &str = "denied-probe";
 const PROBE_RO_VOLUME: &str = "probe-ro";
 const PROBE_RW_VOLUME: &str = "probe-rw";
+/// The probe's healthy client: its own volume, for session `probe-healthy`.
+const PROBE_HEALTHY_VOLUME: &str = "probe-healthy";
+const PROBE_HEALTHY_SESSION: &str = "probe-healthy";
+/// The probe volumes (kept out of the descriptor's volumes).
+const PROBE_VOLUMES: [&str; 3] = [PROBE_RO_VOLUME, PROBE_RW_VOLUME, PROBE_HEALTHY_VOLUME];
+/// Sessions `pinned-probe-*` may open `probe-rw` from the probe's first
+/// /25 only: a second path from `PROBE_OUTSIDER` is refused at INFO_REQ.
+const PROBE_PINNED: &str = "pinned-probe";
+const PROBE_PINNED_SOURCE: &str = "10.99.0.0/25";
+const PROBE_OUTSIDER: &str = "10.99.0.200";
+/// The engine's RTRS half-open limits and setup deadline: no manifest key
+/// sets them, the target runs with `rtrs::server::ServerConfig`'s defaults.
+const PROBE_MAX_HALF_OPEN: u16 = 16;
+const PROBE_MAX_HALF_OPEN_PER_SOURCE: u16 = 4;
+const PROBE_SETUP_TIMEOUT_MS: u64 = 5000;
 /// Limits of a bed with a probe port: few sessions, so the probe reaches
 /// `max_sessions` in a few connects while the Linux client holds one (it
 /// needs one per mapped session, and never a new one while the probe
@@ -271,7 +296,9 @@ const NVME_SERIAL: &str = "brick-nvme0";
 /// With `probe`, the target also gets the probe port ([`ProbePort`]): an
 /// interface `probe0` after the path interfaces, two 1 MiB RAM volumes
 /// `probe-ro` and `probe-rw` that sessions named `probe-*` may open
-/// read-only and read-write, and the probe limits (see
+/// read-only and read-write, a third, `probe-healthy`, for the probe's
+/// healthy client (session `probe-healthy`) alone, `probe-rw` for sessions
+/// `pinned-probe-*` from 10.99.0.0/25 only, and the probe limits (see
 /// [`PROBE_MAX_SESSIONS`]). Every other access rule is narrowed to the
 /// initiator's path subnets (one copy per path), so the initiator keeps
 /// exactly its access, probe sessions reach only the probe volumes, and any
@@ -340,7 +367,10 @@ fn judge_manifest(
              [[volumes]]\nname = \"{PROBE_RO_VOLUME}\"\nkind = \"ram\"\nsize = \"1MiB\"\n\n\
              [[volumes]]\nname = \"{PROBE_RW_VOLUME}\"\nkind = \"ram\"\nsize = \"1MiB\"\n\n\
              [[access]]\nsessions = \"{PROBE_SESSIONS}-*\"\nvolumes = [\"{PROBE_RO_VOLUME}\"]\nmode = \"ro\"\n\n\
-             [[access]]\nsessions = \"{PROBE_SESSIONS}-*\"\nvolumes = [\"{PROBE_RW_VOLUME}\"]\nmode = \"rw\"\n"
+             [[access]]\nsessions = \"{PROBE_SESSIONS}-*\"\nvolumes = [\"{PROBE_RW_VOLUME}\"]\nmode = \"rw\"\n\n\
+             [[volumes]]\nname = \"{PROBE_HEALTHY_VOLUME}\"\nkind = \"ram\"\nsize = \"1MiB\"\n\n\
+             [[access]]\nsessions = \"{PROBE_HEALTHY_SESSION}\"\nvolumes = [\"{PROBE_HEALTHY_VOLUME}\"]\nmode = \"rw\"\n\n\
+             [[access]]\nsessions = \"{PROBE_PINNED}-*\"\nsource = \"{PROBE_PINNED_SOURCE}\"\nvolumes = [\"{PROBE_RW_VOLUME}\"]\nmode = \"rw\"\n"
         );
     }
     let path = dir.join("judge.toml");
@@ -361,6 +391,12 @@ fn probe_port(limits: &manifest::Limits) -> ProbePort {
         rw_volume: PROBE_RW_VOLUME.into(),
         max_connections: limits.max_connections_per_path,
         max_sessions: limits.max_sessions,
+        healthy_volume: PROBE_HEALTHY_VOLUME.into(),
+        pinned_prefix: PROBE_PINNED.into(),
+        outsider: PROBE_OUTSIDER.into(),
+        max_half_open: PROBE_MAX_HALF_OPEN,
+        max_half_open_per_source: PROBE_MAX_HALF_OPEN_PER_SOURCE,
+        setup_timeout_ms: PROBE_SETUP_TIMEOUT_MS,
     }
 }
 
@@ -608,10 +644,7 @@ impl Target {
                 let volumes = manifest
                     .volumes
                     .iter()
-                    .filter(|v| {
-                        probe.is_none()
-                            || ![PROBE_RO_VOLUME, PROBE_RW_VOLUME].contains(&v.name.as_str())
-                    })
+                    .filter(|v| probe.is_none() || !PROBE_VOLUMES.contains(&v.name.as_str()))
                     .map(|v| {
                         let (bytes, durable) = match &v.backing {
                             manifest::config::Backing::Ram { size } => (*size, false),
@@ -747,9 +780,7 @@ impl Target {
         let volumes = config
             .volumes
             .iter()
-            .filter(|v| {
-                probe.is_none() || ![PROBE_RO_VOLUME, PROBE_RW_VOLUME].contains(&v.name.as_str())
-            })
+            .filter(|v| probe.is_none() || !PROBE_VOLUMES.contains(&v.name.as_str()))
             .map(|v| match &v.backing {
                 manifest::config::Backing::Ram { size } => Ok(Volume {
                     device_path: v.device_path.clone(),
@@ -1230,7 +1261,7 @@ mod tests {
                     None
                 );
             }
-            for volume in [PROBE_RO_VOLUME, PROBE_RW_VOLUME] {
+            for volume in PROBE_VOLUMES {
                 let i = index(&probed, volume);
                 assert_eq!(probed.access(PROBE_REFUSED, probe, i), None);
                 let initiator: Ipv4Addr = path_address(0).initiator.parse().unwrap();
@@ -1247,6 +1278,22 @@ mod tests {
                 Some(AccessMode::ReadWrite)
             );
             assert!(!probed.admits(PROBE_REFUSED, probe));
+            // The healthy client's volume is its session's alone.
+            let healthy = index(&probed, PROBE_HEALTHY_VOLUME);
+            assert_eq!(
+                probed.access(PROBE_HEALTHY_SESSION, probe, healthy),
+                Some(AccessMode::ReadWrite)
+            );
+            assert_eq!(probed.access("probe-x", probe, healthy), None);
+            // Pinned sessions: from the probe's /25, not from the outsider.
+            let pinned = format!("{PROBE_PINNED}-x");
+            let outsider: Ipv4Addr = PROBE_OUTSIDER.parse().unwrap();
+            assert!(probed.admits(&pinned, probe));
+            assert!(!probed.admits(&pinned, outsider));
+            assert_eq!(
+                probed.access(&pinned, probe, rw),
+                Some(AccessMode::ReadWrite)
+            );
             let _ = std::fs::remove_dir_all(&dir);
         }
     }

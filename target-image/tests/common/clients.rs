@@ -18,7 +18,7 @@
 //! server and what the clock is. Two fabrics implement it: the engine
 //! tests' `World` (`tests/common/mod.rs`: the engine in process, an
 //! in-memory Ethernet segment, a fake clock, waits bounded in steps) and
-//! `examples/hostile_probe.rs` (a hosted `brick-target` behind a
+//! `examples/hostile_probe/` (a hosted `brick-target` behind a
 //! `hal::hosted::FrameLink`, the monotonic clock, waits bounded in
 //! seconds). A wait that runs out of budget panics with what it waited
 //! for; the tests let that fail the test, the probe catches it per case.
@@ -133,6 +133,9 @@ pub struct RawNode {
     pub memory: MemoryRegion,
     /// The session once [`Fabric::raw_establish`] set it up.
     pub session: Option<RawSession>,
+    /// True: receive slots are not reposted once used (a client that
+    /// stops taking the server's responses); false by default.
+    pub hold_receives: bool,
     seed: u64,
     stage_next: u32,
 }
@@ -391,6 +394,7 @@ impl RawNode {
             completions: Vec::new(),
             memory,
             session: None,
+            hold_receives: false,
             seed,
             stage_next: 0,
         }
@@ -765,9 +769,21 @@ pub trait Fabric: Sized {
         cid_num: u16,
         connect: u16,
     ) -> Result<(), ()> {
-        let seed = self.raws_mut()[r].seed;
-        let session = Uuid([(seed as u8) ^ 0x5a; 16]);
-        let path = Uuid([(seed as u8) ^ 0xa5; 16]);
+        let (path, session) = raw_uuids(&self.raws()[r]);
+        self.raw_try_establish_as(r, info, cid_num, connect, path, session)
+    }
+
+    /// As [`Fabric::raw_try_establish`], with the path and session uuids
+    /// given (a second path of a session, a session of another node's).
+    fn raw_try_establish_as(
+        &mut self,
+        r: usize,
+        info: &[u8],
+        cid_num: u16,
+        connect: u16,
+        path: Uuid,
+        session: Uuid,
+    ) -> Result<(), ()> {
         let mut conns = Vec::new();
         let mut first = None;
         for cid in 0..connect {
@@ -1047,6 +1063,14 @@ pub trait Fabric: Sized {
     }
 }
 
+/// The (path, session) uuids [`Fabric::raw_establish`] uses for `node`.
+pub fn raw_uuids(node: &RawNode) -> (Uuid, Uuid) {
+    (
+        Uuid([(node.seed as u8) ^ 0xa5; 16]),
+        Uuid([(node.seed as u8) ^ 0x5a; 16]),
+    )
+}
+
 fn slot_offset(conn_index: u32, slot: u32) -> u32 {
     RAW_SLOTS + (conn_index * RAW_SLOTS_PER_CONN + slot) * RkeyRsp::LEN as u32
 }
@@ -1075,6 +1099,10 @@ fn raw_completions(node: &mut RawNode) {
                             chunk.rkey = rsp.rkey;
                         }
                     }
+                }
+                if node.hold_receives {
+                    node.completions.push(*wc);
+                    continue;
                 }
                 let _ = node.hca.post_recv(
                     wc.conn,

@@ -2,7 +2,7 @@
 //! client software HCAs on one in-memory Ethernet segment, under a fake clock.
 //!
 //! The clients are those of [`clients`] (shared with
-//! `examples/hostile_probe.rs`): [`Node`], Brick's own RTRS client with an
+//! `examples/hostile_probe/`): [`Node`], Brick's own RTRS client with an
 //! optional background [`Workload`], and [`RawNode`], a bare HCA driven by
 //! the test (raw CM connects with any CON_REQ bytes, RDMA WRITE WITH IMM
 //! requests built from `rtrs::wire` encoders). [`World`] is their
