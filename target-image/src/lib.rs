@@ -2,11 +2,12 @@
 //!
 //! [`Engine`] owns everything the target serves with (ARCHITECTURE.md §2, §3):
 //! one software HCA ([`roce::hca::Hca`]) per manifest interface, one RTRS
-//! server ([`rtrs::server::Server`]) over all of them (its ports, so a
-//! multipath client's paths over several interfaces are one session), one
-//! RNBD server
-//! ([`rnbd::server::Server`]) for all of them, the volumes and the export
-//! table (the manifest's volumes, `device_path` mapping and access list).
+//! server ([`rtrs::server::Server`]) over all of them (the engine lends it
+//! the HCAs as its ports on every call, so a multipath client's paths over
+//! several interfaces are one session, and the engine reads an IO's chunk
+//! from its own HCA), one RNBD server ([`rnbd::server::Server`]) for all of
+//! them, the volumes and the export table (the manifest's volumes,
+//! `device_path` mapping and access list).
 //! It is `no_std` + `alloc`, allocates only in [`Engine::new`], and is
 //! sans-IO: frames come in through [`Engine::receive`], go out through the
 //! [`Transmit`] sink of [`Engine::poll`], time is passed in.
@@ -246,7 +247,7 @@ pub enum BuildError {
     /// The manifest limits need more than one HCA can hold (why).
     Capacity(String),
     /// The RTRS server could not listen.
-    Listen(verbs::ConnectError),
+    Listen(rtrs::server::StartError),
 }
 
 impl fmt::Display for BuildError {
@@ -259,7 +260,7 @@ impl fmt::Display for BuildError {
             Self::Geometry(name, why) => write!(f, "volume {name}: {why}"),
             Self::Config(e) => write!(f, "RTRS configuration: {e}"),
             Self::Capacity(why) => write!(f, "capacity: {why}"),
-            Self::Listen(e) => write!(f, "listen: {e:?}"),
+            Self::Listen(e) => write!(f, "listen: {e}"),
         }
     }
 }
@@ -429,7 +430,8 @@ impl Admission for AccessRules<'_, '_> {
 
 /// The chunks of every port, as volumes reach them.
 struct ChunkMemory<'a, K: KeySource> {
-    server: &'a mut Server<EngineHca<K>>,
+    /// The engine's HCAs (the RTRS server's ports).
+    hcas: &'a mut [EngineHca<K>],
     /// Chunk addresses are bus addresses ([`Engine::set_identity_dma`]).
     identity_dma: bool,
 }
@@ -444,8 +446,8 @@ impl<K: KeySource> BufferAccess<Chunk> for ChunkMemory<'_, K> {
         if len > buffer.handle.len() {
             return Err(BufferError::TooShort);
         }
-        self.server
-            .port(buffer.port)
+        self.hcas
+            .get(buffer.port)
             .ok_or(BufferError::Stale)?
             .with_slice(buffer.handle, 0, len, f)
             .map_err(|_| BufferError::Stale)
@@ -460,8 +462,8 @@ impl<K: KeySource> BufferAccess<Chunk> for ChunkMemory<'_, K> {
         if len > buffer.handle.len() {
             return Err(BufferError::TooShort);
         }
-        self.server
-            .port_mut(buffer.port)
+        self.hcas
+            .get_mut(buffer.port)
             .ok_or(BufferError::Stale)?
             .with_slice_mut(buffer.handle, 0, len, f)
             .map_err(|_| BufferError::Stale)
@@ -474,8 +476,8 @@ impl<K: KeySource> BufferAccess<Chunk> for ChunkMemory<'_, K> {
         if !self.identity_dma || len > buffer.handle.len() {
             return None;
         }
-        self.server
-            .port(buffer.port)?
+        self.hcas
+            .get(buffer.port)?
             .with_slice(buffer.handle, 0, len, |bytes| bytes.as_ptr() as u64)
             .ok()
     }
@@ -573,6 +575,9 @@ type Logger<'m> = Box<dyn FnMut(fmt::Arguments<'_>) + 'm>;
 pub struct Engine<'m, K: KeySource, D: BlockDevice<Chunk> = RamVolume> {
     manifest: Manifest<'m>,
     interfaces: Vec<Interface>,
+    /// One HCA per interface, lent to the RTRS server as its ports (HCA
+    /// `i` is port `i`).
+    hcas: Vec<EngineHca<K>>,
     server: Box<Server<EngineHca<K>>>,
     rnbd: rnbd::server::Server,
     sessions: Vec<SessionEntry>,
@@ -661,7 +666,7 @@ impl<'m, K: KeySource, D: BlockDevice<Chunk>> Engine<'m, K, D> {
         let arena = arena_bytes(&config);
         let hca_capacity = hca_capacity(&config)?;
         let mut interfaces = Vec::with_capacity(manifest.interface_count());
-        let mut ports = Vec::with_capacity(manifest.interface_count());
+        let mut hcas = Vec::with_capacity(manifest.interface_count());
         for (index, iface) in manifest.interfaces().enumerate() {
             let ip = iface.address.address;
             let mut hca = Hca::with_capacity(
@@ -679,7 +684,7 @@ impl<'m, K: KeySource, D: BlockDevice<Chunk>> Engine<'m, K, D> {
                 BuildError::Interface(iface.name.into(), "MTU below 256 bytes of RoCE payload")
             })?;
             hca.set_path_mtu(mtu);
-            ports.push(hca);
+            hcas.push(hca);
             interfaces.push(Interface {
                 name: iface.name.into(),
                 ip,
@@ -687,8 +692,8 @@ impl<'m, K: KeySource, D: BlockDevice<Chunk>> Engine<'m, K, D> {
                 icmp_len: 0,
             });
         }
-        let mut server = Box::new(Server::with_ports(ports, config).map_err(BuildError::Config)?);
-        server.start().map_err(BuildError::Listen)?;
+        let mut server = Box::new(Server::new(config).map_err(BuildError::Config)?);
+        server.start(&mut hcas).map_err(BuildError::Listen)?;
         // Closed sessions linger while their IO drains: room for as many.
         let session_capacity = usize::from(config.max_sessions) * 2;
         let mut pending = Vec::with_capacity(requests);
@@ -699,6 +704,7 @@ impl<'m, K: KeySource, D: BlockDevice<Chunk>> Engine<'m, K, D> {
         Ok(Self {
             manifest,
             interfaces,
+            hcas,
             server,
             rnbd: rnbd::server::Server::new(),
             sessions: Vec::with_capacity(session_capacity),
@@ -756,6 +762,12 @@ impl<'m, K: KeySource, D: BlockDevice<Chunk>> Engine<'m, K, D> {
         &self.server
     }
 
+    /// Interface `interface`'s HCA (the RTRS server's port of the same
+    /// index), if it exists.
+    pub fn hca(&self, interface: usize) -> Option<&EngineHca<K>> {
+        self.hcas.get(interface)
+    }
+
     /// Open RNBD sessions (closed ones still draining IO not counted).
     pub fn session_count(&self) -> usize {
         self.sessions.iter().filter(|s| !s.closed).count()
@@ -802,7 +814,7 @@ impl<'m, K: KeySource, D: BlockDevice<Chunk>> Engine<'m, K, D> {
         } else if is_icmp(frame) {
             return; // one reply at a time; the peer pings again
         }
-        if let Some(hca) = self.server.port_mut(interface) {
+        if let Some(hca) = self.hcas.get_mut(interface) {
             hca.receive(now, frame);
         }
     }
@@ -816,7 +828,7 @@ impl<'m, K: KeySource, D: BlockDevice<Chunk>> Engine<'m, K, D> {
         from: SocketAddr,
         datagram: &[u8],
     ) {
-        if let Some(hca) = self.server.port_mut(interface) {
+        if let Some(hca) = self.hcas.get_mut(interface) {
             hca.receive_datagram(now, from, datagram);
         }
     }
@@ -830,6 +842,7 @@ impl<'m, K: KeySource, D: BlockDevice<Chunk>> Engine<'m, K, D> {
     pub fn poll<T: Transmit + ?Sized>(&mut self, now: u64, sink: &mut T) -> bool {
         let mut busy = self.server.poll(
             now,
+            &mut self.hcas,
             &mut AccessRules {
                 manifest: &self.manifest,
             },
@@ -839,15 +852,12 @@ impl<'m, K: KeySource, D: BlockDevice<Chunk>> Engine<'m, K, D> {
             self.handle_event(event, now);
         }
         busy |= self.poll_volumes(now);
-        for (index, iface) in self.interfaces.iter_mut().enumerate() {
+        for (index, (iface, hca)) in self.interfaces.iter_mut().zip(&mut self.hcas).enumerate() {
             if iface.icmp_len > 0 {
                 sink.transmit(index, &iface.icmp[..iface.icmp_len], &[], &[]);
                 iface.icmp_len = 0;
                 busy = true;
             }
-            let Some(hca) = self.server.port_mut(index) else {
-                continue;
-            };
             if matches!(hca.link_mode(), LinkMode::Udp { .. }) {
                 busy |= hca.poll_datagrams(
                     now,
@@ -883,8 +893,7 @@ impl<'m, K: KeySource, D: BlockDevice<Chunk>> Engine<'m, K, D> {
             .iter()
             .filter(|iface| iface.icmp_len > 0)
             .map(|_| now);
-        let hcas = (0..self.server.port_count())
-            .filter_map(|port| self.server.port(port).and_then(|hca| hca.poll_at(now)));
+        let hcas = self.hcas.iter().filter_map(|hca| hca.poll_at(now));
         hcas.chain(self.server.poll_at())
             .chain(icmp)
             .chain(volumes)
@@ -894,7 +903,7 @@ impl<'m, K: KeySource, D: BlockDevice<Chunk>> Engine<'m, K, D> {
     /// Starts closing every path (shutdown); keep polling until
     /// [`is_quiet`](Self::is_quiet) to let the disconnects out.
     pub fn close_all(&mut self, now: u64) {
-        self.server.close_all(now);
+        self.server.close_all(now, &mut self.hcas);
     }
 
     /// True when no RTRS path or session is left on any interface and no
@@ -963,12 +972,12 @@ impl<'m, K: KeySource, D: BlockDevice<Chunk>> Engine<'m, K, D> {
                 let (Some(index), Some(IpAddr::V4(source))) =
                     (self.session_index(session), remote.map(|r| r.ip()))
                 else {
-                    self.server.close_path(path, now);
+                    self.server.close_path(path, now, &mut self.hcas);
                     return;
                 };
                 let entry = &mut self.sessions[index];
                 if entry.paths.push((path, source)).is_err() {
-                    self.server.close_path(path, now);
+                    self.server.close_path(path, now, &mut self.hcas);
                     return;
                 }
                 entry.source.get_or_insert(source);
@@ -1054,7 +1063,10 @@ impl<'m, K: KeySource, D: BlockDevice<Chunk>> Engine<'m, K, D> {
 
     fn answer(&mut self, token: IoToken, errno: u16, now: u64) {
         self.answered += 1;
-        if let Err(error) = self.server.complete_io(token, errno, ReadData::Chunk, now) {
+        if let Err(error) =
+            self.server
+                .complete_io(token, errno, ReadData::Chunk, now, &mut self.hcas)
+        {
             log!(self, "complete_io({token:?}): {error:?}");
         }
     }
@@ -1080,8 +1092,8 @@ impl<'m, K: KeySource, D: BlockDevice<Chunk>> Engine<'m, K, D> {
         let mut user = [0u8; MAX_USER_HEADER];
         let header_len = (header.len() as usize).min(MAX_USER_HEADER);
         let copied = self
-            .server
-            .port(port)
+            .hcas
+            .get(port)
             .map(|hca| hca.read(header, 0, &mut user[..header_len]));
         if !matches!(copied, Some(Ok(()))) || header.len() as usize > MAX_USER_HEADER {
             log!(self, "refuse: unreadable or oversized RNBD header");
@@ -1102,7 +1114,7 @@ impl<'m, K: KeySource, D: BlockDevice<Chunk>> Engine<'m, K, D> {
         };
         let Self {
             manifest,
-            server,
+            hcas,
             rnbd,
             sessions,
             volumes,
@@ -1122,7 +1134,7 @@ impl<'m, K: KeySource, D: BlockDevice<Chunk>> Engine<'m, K, D> {
                 .find(|(path, _)| *path == token.path)
                 .map_or(Ipv4Addr::UNSPECIFIED, |(_, source)| *source),
         };
-        let action = server.port_mut(port).map(|hca| {
+        let action = hcas.get_mut(port).map(|hca| {
             hca.with_slice_mut(data, 0, data.len(), |response| {
                 rnbd.process(&mut entry.rnbd, &exports, &request, response)
             })
@@ -1238,7 +1250,7 @@ impl<'m, K: KeySource, D: BlockDevice<Chunk>> Engine<'m, K, D> {
             return;
         }
         let mut memory = ChunkMemory {
-            server: &mut self.server,
+            hcas: &mut self.hcas,
             identity_dma: self.identity_dma,
         };
         match served.device.submit(request, &mut memory) {
@@ -1268,7 +1280,7 @@ impl<'m, K: KeySource, D: BlockDevice<Chunk>> Engine<'m, K, D> {
                 heapless::Vec::new();
             let served = &mut self.volumes[volume];
             let mut memory = ChunkMemory {
-                server: &mut self.server,
+                hcas: &mut self.hcas,
                 identity_dma: self.identity_dma,
             };
             served
@@ -1288,7 +1300,7 @@ impl<'m, K: KeySource, D: BlockDevice<Chunk>> Engine<'m, K, D> {
             while let Some(request) = self.volumes[volume].parked.pop_front() {
                 let served = &mut self.volumes[volume];
                 let mut memory = ChunkMemory {
-                    server: &mut self.server,
+                    hcas: &mut self.hcas,
                     identity_dma: self.identity_dma,
                 };
                 match served.device.submit(request, &mut memory) {
@@ -1381,7 +1393,7 @@ impl<K: KeySource, D: BlockDevice<Chunk>> fmt::Display for StatsReport<'_, '_, K
             engine.answered, s.accepted, s.rejected, s.paths_closed, u.sessions, u.paths, u.connections
         )?;
         for (port, iface) in engine.interfaces.iter().enumerate() {
-            if let Some(hca) = server.port(port) {
+            if let Some(hca) = engine.hcas.get(port) {
                 let c = hca.counters();
                 writeln!(
                     f,
