@@ -4,7 +4,6 @@
 //! `sessions` (RTRS events, access) and `io` (serving requests).
 
 use alloc::boxed::Box;
-use alloc::collections::VecDeque;
 use alloc::string::String;
 use alloc::vec::Vec;
 use core::fmt;
@@ -19,7 +18,7 @@ use rtrs::server::{Server, ServerConfig};
 use verbs::KeySource;
 
 use crate::icmp::{icmp_echo_reply, is_icmp, ICMP_REPLY_LEN};
-use crate::io::PendingIo;
+use crate::io_state::{IoSlots, ParkedQueue};
 use crate::sessions::{AccessRules, Deferred, SessionEntry, MAX_DEFERRED_PER_SESSION};
 use crate::volumes::Served;
 use crate::{
@@ -83,10 +82,8 @@ pub struct Engine<'m, K: KeySource, D: BlockDevice<Chunk> = RamVolume> {
     pub(crate) session_capacity: usize,
     pub(crate) volumes: Vec<Served<D>>,
     pub(crate) deferred: Vec<Deferred>,
-    /// Requests handed to volumes, by device tag.
-    pub(crate) pending: Vec<Option<PendingIo>>,
-    /// Free indices of `pending`.
-    pub(crate) free_pending: Vec<u32>,
+    /// Every block request held, by device tag: its state machine.
+    pub(crate) ios: IoSlots,
     pub(crate) next_tag: u32,
     pub(crate) logger: Option<Logger<'m>>,
     /// IO requests answered (all sessions).
@@ -158,7 +155,7 @@ impl<'m, K: KeySource, D: BlockDevice<Chunk>> Engine<'m, K, D> {
                 name: volume.name.into(),
                 info,
                 device,
-                parked: VecDeque::with_capacity(requests),
+                parked: ParkedQueue::default(),
                 counters: VolumeCounters::default(),
             });
         }
@@ -195,11 +192,6 @@ impl<'m, K: KeySource, D: BlockDevice<Chunk>> Engine<'m, K, D> {
         server.start(&mut hcas).map_err(BuildError::Listen)?;
         // Closed sessions linger while their IO drains: room for as many.
         let session_capacity = usize::from(config.max_sessions) * 2;
-        let mut pending = Vec::with_capacity(requests);
-        pending.resize_with(requests, || None);
-        let free_pending = (0..u32::try_from(requests).unwrap_or(u32::MAX))
-            .rev()
-            .collect();
         Ok(Self {
             manifest,
             interfaces,
@@ -210,8 +202,7 @@ impl<'m, K: KeySource, D: BlockDevice<Chunk>> Engine<'m, K, D> {
             session_capacity,
             volumes,
             deferred: Vec::with_capacity(session_capacity * MAX_DEFERRED_PER_SESSION),
-            pending,
-            free_pending,
+            ios: IoSlots::new(requests),
             next_tag: 0,
             logger: None,
             answered: 0,
@@ -280,7 +271,7 @@ impl<'m, K: KeySource, D: BlockDevice<Chunk>> Engine<'m, K, D> {
     /// Block requests handed to volumes and not completed yet (parked ones
     /// included).
     pub fn volume_requests_in_flight(&self) -> usize {
-        self.pending.len() - self.free_pending.len()
+        self.ios.in_use()
     }
 
     /// Volume `index`'s device (tests, statistics).

@@ -1,13 +1,12 @@
 //! Serving one RTRS request: the RNBD message is copied out of the chunk
 //! and processed, answered at once or handed to its volume as a block
 //! request, parked while the device queue is full, and answered with the
-//! device's completion.
+//! device's completion. The states one block request goes through are
+//! `io_state`'s.
 
 use core::net::Ipv4Addr;
-use hal::block::{
-    BlockDevice, Completion as DeviceCompletion, Op, Request as DeviceRequest, SubmitError,
-};
-use rnbd::server::{Action, BlockOp, IoError, IoTicket, Request};
+use hal::block::{BlockDevice, Completion as DeviceCompletion, Op, SubmitError};
+use rnbd::server::{Action, BlockOp, IoError, Request};
 use rnbd::wire::RtrsDirection;
 use rtrs::server::{IoDirection, IoToken, ReadData, SessionId};
 use verbs::{KeySource, Memory, MemoryHandle};
@@ -21,13 +20,6 @@ pub(crate) const MAX_USER_HEADER: usize = 1024;
 
 /// Device completions handled per volume per poll.
 pub(crate) const COMPLETION_BURST: usize = 64;
-
-/// A block request handed to a volume, waiting for its completion.
-pub(crate) struct PendingIo {
-    pub(crate) session: SessionId,
-    pub(crate) token: IoToken,
-    pub(crate) ticket: IoTicket,
-}
 
 impl<'m, K: KeySource, D: BlockDevice<Chunk>> Engine<'m, K, D> {
     pub(crate) fn answer(&mut self, token: IoToken, errno: u16, now: u64) {
@@ -137,15 +129,6 @@ impl<'m, K: KeySource, D: BlockDevice<Chunk>> Engine<'m, K, D> {
                 self.answer(token, errno, now);
             }
             Action::Submit { request, ticket } => {
-                let Some(slot) = self.free_pending.pop() else {
-                    // Cannot happen: one slot per chunk the engine can hold.
-                    let entry = &mut self.sessions[index];
-                    let completion =
-                        self.rnbd
-                            .complete(&mut entry.rnbd, ticket, Err(IoError::Resource));
-                    self.answer(token, completion.status, now);
-                    return;
-                };
                 let chunk = Chunk { port, handle: data };
                 let op = match request.op {
                     BlockOp::Read { offset, len } => Op::Read {
@@ -163,20 +146,21 @@ impl<'m, K: KeySource, D: BlockDevice<Chunk>> Engine<'m, K, D> {
                     BlockOp::Discard { offset, len } => Op::Discard { offset, len },
                     BlockOp::WriteZeroes { offset, len } => Op::WriteZeroes { offset, len },
                 };
-                self.pending[slot as usize] = Some(PendingIo {
-                    session,
-                    token,
-                    ticket,
-                });
-                self.sessions[index].in_flight += 1;
-                self.submit(
-                    request.volume.index(),
-                    DeviceRequest {
-                        tag: u64::from(slot),
-                        op,
-                    },
-                    now,
-                );
+                let volume = request.volume.index();
+                match self.ios.receive(session, token, ticket, volume, op) {
+                    Ok(slot) => {
+                        self.sessions[index].in_flight += 1;
+                        self.submit(slot, now);
+                    }
+                    Err(ticket) => {
+                        // Cannot happen: one slot per chunk the engine can hold.
+                        let entry = &mut self.sessions[index];
+                        let completion =
+                            self.rnbd
+                                .complete(&mut entry.rnbd, ticket, Err(IoError::Resource));
+                        self.answer(token, completion.status, now);
+                    }
+                }
             }
             Action::CloseDeferred => {
                 let held = self
@@ -200,22 +184,21 @@ impl<'m, K: KeySource, D: BlockDevice<Chunk>> Engine<'m, K, D> {
         }
     }
 
-    /// Hands `request` to volume `volume`, or parks it behind earlier
-    /// parked requests if the device queue is full. A refusal completes it
-    /// at once with the matching error.
-    pub(crate) fn submit(&mut self, volume: usize, request: DeviceRequest<Chunk>, now: u64) {
+    /// Hands received slot `slot`'s request to its volume (`Received ->
+    /// Executing`), or parks it (`Received -> Parked`) behind earlier
+    /// parked requests or while the device queue is full. A refusal
+    /// finishes it at once with the matching error.
+    pub(crate) fn submit(&mut self, slot: u32, now: u64) {
+        let Some((volume, request)) = self.ios.request(slot) else {
+            return;
+        };
         let Some(served) = self.volumes.get_mut(volume) else {
             self.finish(request.tag, Err(IoError::Media), now);
             return;
         };
         if !served.parked.is_empty() {
             served.counters.parked += 1;
-            // Capacity: every request the engine can hold.
-            if served.parked.len() < served.parked.capacity() {
-                served.parked.push_back(request);
-            } else {
-                self.finish(request.tag, Err(IoError::Resource), now);
-            }
+            self.ios.park(slot, &mut served.parked);
             return;
         }
         let mut memory = ChunkMemory {
@@ -223,14 +206,10 @@ impl<'m, K: KeySource, D: BlockDevice<Chunk>> Engine<'m, K, D> {
             identity_dma: self.identity_dma,
         };
         match served.device.submit(request, &mut memory) {
-            Ok(()) => {}
+            Ok(()) => self.ios.execute(slot),
             Err(SubmitError::QueueFull) => {
                 served.counters.parked += 1;
-                if served.parked.len() < served.parked.capacity() {
-                    served.parked.push_back(request);
-                } else {
-                    self.finish(request.tag, Err(IoError::Resource), now);
-                }
+                self.ios.park(slot, &mut served.parked);
             }
             Err(error) => {
                 served.counters.device_errors += 1;
@@ -240,8 +219,9 @@ impl<'m, K: KeySource, D: BlockDevice<Chunk>> Engine<'m, K, D> {
         }
     }
 
-    /// Collects volume completions (bounded per volume) and answers them,
-    /// then moves parked requests into the room that freed.
+    /// Collects volume completions (bounded per volume) and answers them
+    /// (`Executing -> Free`), then moves parked requests into the room that
+    /// freed (`Parked -> Received -> Executing`), oldest first.
     pub(crate) fn poll_volumes(&mut self, now: u64) -> bool {
         let mut busy = false;
         for volume in 0..self.volumes.len() {
@@ -260,27 +240,40 @@ impl<'m, K: KeySource, D: BlockDevice<Chunk>> Engine<'m, K, D> {
                 });
             for completion in &done {
                 busy = true;
+                if !self.ios.is_executing(completion.tag) {
+                    log!(
+                        self,
+                        "volume completion for unknown request {}",
+                        completion.tag
+                    );
+                    continue;
+                }
                 let result = completion.result.map_err(|error| {
                     self.volumes[volume].counters.device_errors += 1;
                     device_error(error)
                 });
                 self.finish(completion.tag, result, now);
             }
-            while let Some(request) = self.volumes[volume].parked.pop_front() {
+            while let Some(slot) = self.volumes[volume].parked.front() {
+                let Some((_, request)) = self.ios.request(slot) else {
+                    break;
+                };
                 let served = &mut self.volumes[volume];
                 let mut memory = ChunkMemory {
                     hcas: &mut self.hcas,
                     identity_dma: self.identity_dma,
                 };
                 match served.device.submit(request, &mut memory) {
-                    Ok(()) => busy = true,
-                    Err(SubmitError::QueueFull) => {
-                        served.parked.push_front(request);
-                        break;
+                    Ok(()) => {
+                        busy = true;
+                        self.ios.unpark(&mut served.parked);
+                        self.ios.execute(slot);
                     }
+                    Err(SubmitError::QueueFull) => break,
                     Err(error) => {
                         busy = true;
                         served.counters.device_errors += 1;
+                        self.ios.unpark(&mut served.parked);
                         self.finish(request.tag, Err(submit_error(error)), now);
                     }
                 }
@@ -289,31 +282,26 @@ impl<'m, K: KeySource, D: BlockDevice<Chunk>> Engine<'m, K, D> {
         busy
     }
 
-    /// Reports a volume request's outcome to RNBD and answers it.
+    /// Reports a request's outcome to RNBD and answers it (`Received |
+    /// Executing -> Free`), with the CLOSE it was the last one of.
     pub(crate) fn finish(&mut self, tag: u64, result: Result<(), IoError>, now: u64) {
-        let Some(pending) = usize::try_from(tag)
-            .ok()
-            .and_then(|slot| self.pending.get_mut(slot))
-            .and_then(Option::take)
-        else {
+        let Some(io) = self.ios.finish(tag) else {
             log!(self, "volume completion for unknown request {tag}");
             return;
         };
-        // `tag` came from `free_pending`, so it fits.
-        self.free_pending.push(tag as u32);
-        let Some(index) = self.session_index(pending.session) else {
+        let Some(index) = self.session_index(io.session) else {
             // The session entry outlives its requests (see `reap`).
             return;
         };
         let entry = &mut self.sessions[index];
         entry.in_flight = entry.in_flight.saturating_sub(1);
-        let completion = self.rnbd.complete(&mut entry.rnbd, pending.ticket, result);
-        self.answer(pending.token, completion.status, now);
+        let completion = self.rnbd.complete(&mut entry.rnbd, io.ticket, result);
+        self.answer(io.token, completion.status, now);
         if let Some(close_tag) = completion.close_done {
             if let Some(at) = self
                 .deferred
                 .iter()
-                .position(|d| d.session == pending.session && d.tag == close_tag)
+                .position(|d| d.session == io.session && d.tag == close_tag)
             {
                 let deferred = self.deferred.swap_remove(at);
                 self.answer(deferred.token, 0, now);

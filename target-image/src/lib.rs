@@ -53,7 +53,9 @@
 //! manifest, the HCAs it owns and lends to the RTRS server, the poll
 //! loop), `sessions` (RTRS events, the session table, deferred CLOSE
 //! answers, the access rules as admission hook and export table), `io`
-//! (one request from its RTRS event to its answer), `volumes` ([`Chunk`],
+//! (one request from its RTRS event to its answer) and `io_state` (the
+//! state machine of a block request: received, parked, executing,
+//! answered), `volumes` ([`Chunk`],
 //! [`RamOr`], [`volume_info`], the chunk memory devices reach), `capacity`
 //! (what the manifest's limits make every table hold: [`server_config`],
 //! [`arena_bytes`], [`hca_capacity`], [`max_requests`]), `stats`
@@ -90,6 +92,7 @@ mod error;
 pub mod hosted;
 mod icmp;
 mod io;
+mod io_state;
 mod sessions;
 mod stats;
 mod volumes;

@@ -9,7 +9,6 @@ use alloc::boxed::Box;
 use alloc::string::String;
 use alloc::vec::Vec;
 
-use alloc::collections::VecDeque;
 use hal::block::ram::RamDisk;
 use hal::block::{
     BlockDevice, BufferAccess, BufferError, Completion as DeviceCompletion, DeviceInfo,
@@ -19,6 +18,7 @@ use manifest::binary::Backing;
 use rnbd::server::{DiscardLimits, VolumeId, VolumeInfo};
 use verbs::{KeySource, Memory, MemoryHandle};
 
+use crate::io_state::ParkedQueue;
 use crate::{BuildError, EngineHca};
 
 /// Completions a RAM volume holds between two polls (a batch bound: when
@@ -182,7 +182,7 @@ pub(crate) struct Served<D> {
     pub(crate) device: D,
     /// Requests waiting for room in the device queue (capacity: every
     /// request the engine can hold).
-    pub(crate) parked: VecDeque<DeviceRequest<Chunk>>,
+    pub(crate) parked: ParkedQueue,
     pub(crate) counters: VolumeCounters,
 }
 
