@@ -419,7 +419,8 @@ impl<V: Verbs> Server<V> {
     /// # Errors
     ///
     /// [`StartError::NoPorts`] for an empty `ports` (nothing listens), or
-    /// the first failing provider's [`ConnectError`].
+    /// [`StartError::Listen`] with the first failing provider's
+    /// [`ConnectError`](verbs::ConnectError).
     pub fn start(&mut self, ports: &mut [V]) -> Result<(), StartError> {
         if ports.is_empty() {
             return Err(StartError::NoPorts);
