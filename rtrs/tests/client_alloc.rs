@@ -23,7 +23,7 @@ fn settle(pair: &mut Pair) {
     for _ in 0..1000 {
         let now = pair.now;
         let mut busy = armed(|| pair.client.poll(now));
-        busy |= pair.server.poll(now, &mut AdmitAll);
+        busy |= pair.server.poll(now, &mut pair.ports, &mut AdmitAll);
         busy |= pair.fabric.run();
         while let Some(event) = pair.server.next_event() {
             busy = true;

@@ -265,7 +265,7 @@ fn a_reconnect_after_session_closed_gets_a_new_session() {
     // The old request is answered (dropped), the old session goes.
     let now = h.now;
     h.server
-        .complete_io(token(&held), 0, ReadData::Chunk, now)
+        .complete_io(token(&held), 0, ReadData::Chunk, now, &mut h.ports)
         .unwrap();
     h.drain();
     assert_eq!(h.server.usage().sessions, 1);

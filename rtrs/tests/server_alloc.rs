@@ -21,7 +21,7 @@ fn round(h: &mut Harness, path: &mut ClientPath, events: &mut Vec<Event>, chunk:
     path.read(h, 0, (chunk + 1) % 8, &[3; 32], 4096, Rkey(0x77), true);
     for _ in 0..4 {
         let now = h.now;
-        armed(|| while h.server.poll(now, &mut AdmitAll) {});
+        armed(|| while h.server.poll(now, &mut h.ports, &mut AdmitAll) {});
         h.mock().complete_sends();
     }
     armed(|| {
@@ -32,11 +32,15 @@ fn round(h: &mut Harness, path: &mut ClientPath, events: &mut Vec<Event>, chunk:
     for event in events.drain(..) {
         if let Event::Io { token, .. } = event {
             let now = h.now;
-            armed(|| h.server.complete_io(token, 0, ReadData::Chunk, now)).expect("complete");
+            armed(|| {
+                h.server
+                    .complete_io(token, 0, ReadData::Chunk, now, &mut h.ports)
+            })
+            .expect("complete");
         }
     }
     let now = h.now;
-    armed(|| while h.server.poll(now, &mut AdmitAll) {});
+    armed(|| while h.server.poll(now, &mut h.ports, &mut AdmitAll) {});
     // Track the new rkeys (client side, not counted).
     let sends = h.mock().sends.clone();
     for (_, wr) in sends.iter().rev().take(8) {
@@ -49,7 +53,7 @@ fn round(h: &mut Harness, path: &mut ClientPath, events: &mut Vec<Event>, chunk:
     h.mock().complete_sends();
     h.now += SECOND;
     let now = h.now;
-    armed(|| while h.server.poll(now, &mut AdmitAll) {});
+    armed(|| while h.server.poll(now, &mut h.ports, &mut AdmitAll) {});
     h.mock().deliver_imm(path.conns[0], 0x9000_0000); // HB_ACK keeps it alive
 }
 
@@ -76,9 +80,7 @@ fn data_path_does_not_allocate() {
         assert_eq!(stats.paths_closed, 0, "path stayed up");
         let usage = h.server.usage();
         assert_eq!((usage.paths, usage.ios), (1, 0));
-        let answered: u64 = h
-            .server
-            .verbs()
+        let answered: u64 = h.ports[0]
             .sends
             .iter()
             .filter(|(_, wr)| wr.signaled && !matches!(wr.op, verbs::SendOp::LocalInv { .. }))

@@ -44,9 +44,7 @@ fn replay(name: &str) -> usize {
     for (req, rep) in reqs.iter().zip(&reps) {
         let conn = h.request(req);
         assert!(h.was_accepted(conn), "accepted");
-        let ours = h
-            .server
-            .verbs()
+        let ours = h.ports[0]
             .accepted
             .iter()
             .find(|a| a.conn == conn)

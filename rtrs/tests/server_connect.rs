@@ -288,7 +288,7 @@ fn close_waits_for_requests_the_consumer_holds() {
     let from = h.mock().sends.len();
     let now = h.now;
     h.server
-        .complete_io(token(&io), 0, ReadData::Chunk, now)
+        .complete_io(token(&io), 0, ReadData::Chunk, now, &mut h.ports)
         .unwrap();
     assert_eq!(h.mock().sends.len(), from, "answer dropped");
     assert_eq!(h.server.usage(), Usage::default());
@@ -304,7 +304,7 @@ fn close_deadline_destroys_unanswered_disconnects() {
         other => panic!("{other:?}"),
     };
     let now = h.now;
-    h.server.close_path(id, now);
+    h.server.close_path(id, now, &mut h.ports);
     // The provider never reports the disconnects.
     h.mock().cm_events.clear();
     h.settle();
@@ -363,7 +363,7 @@ fn close_all_returns_everything() {
     a.write(&mut h, 1, 0, &[1; 8], &[1; 8]);
     let io = next_io(&mut h).unwrap();
     let now = h.now;
-    h.server.close_all(now);
+    h.server.close_all(now, &mut h.ports);
     h.settle();
     let events = h.drain_events();
     let closed = events
@@ -373,7 +373,7 @@ fn close_all_returns_everything() {
     assert_eq!(closed, 2);
     assert_eq!(h.server.usage().paths, 1, "waits for the held request");
     h.server
-        .complete_io(token(&io), 0, ReadData::Chunk, now)
+        .complete_io(token(&io), 0, ReadData::Chunk, now, &mut h.ports)
         .unwrap();
     h.settle();
     assert_eq!(h.server.usage(), Usage::default());

@@ -60,11 +60,11 @@ fn write_io_with_new_rkey() {
     assert_eq!(direction, IoDirection::Write);
     assert!(!admin);
     let mut got = vec![0; 32];
-    h.server.verbs().read(header_handle, 0, &mut got).unwrap();
+    h.ports[0].read(header_handle, 0, &mut got).unwrap();
     assert_eq!(got, header);
     let mut got = vec![0; 4096];
     assert_eq!(data_handle.len(), 4096);
-    h.server.verbs().read(data_handle, 0, &mut got).unwrap();
+    h.ports[0].read(data_handle, 0, &mut got).unwrap();
     assert_eq!(got, data);
     // The chunk is revoked while the server owns it (LOCAL_INV posted).
     assert!(h
@@ -138,7 +138,7 @@ fn read_io_with_need_inval_is_chained_in_order() {
     let from = h.mock().sends.len();
     let now = h.now;
     h.server
-        .complete_io(token(&event), 0, ReadData::Chunk, now)
+        .complete_io(token(&event), 0, ReadData::Chunk, now, &mut h.ports)
         .unwrap();
     let sends = h.mock().sends_since(from);
     assert_eq!(sends.len(), 3, "{sends:?}");
@@ -215,7 +215,13 @@ fn error_answer_to_read_still_invalidates() {
     let from = h.mock().sends.len();
     let now = h.now;
     h.server
-        .complete_io(token(&event), errno::EIO, ReadData::Chunk, now)
+        .complete_io(
+            token(&event),
+            errno::EIO,
+            ReadData::Chunk,
+            now,
+            &mut h.ports,
+        )
         .unwrap();
     let sends = h.mock().sends_since(from);
     assert_eq!(sends.len(), 2);
@@ -225,7 +231,7 @@ fn error_answer_to_read_still_invalidates() {
     // Answering twice is refused.
     assert!(h
         .server
-        .complete_io(token(&event), 0, ReadData::Chunk, now)
+        .complete_io(token(&event), 0, ReadData::Chunk, now, &mut h.ports)
         .is_err());
 }
 

@@ -1,7 +1,7 @@
 //! One RTRS server over two ports: a multipath session across interfaces.
 //!
 //! The end-to-end tests run Brick's RTRS client and a two-port
-//! [`Server::with_ports`] over three software HCAs (`roce::hca::Hca`): the
+//! [`Server`] lent two ports, over three software HCAs (`roce::hca::Hca`): the
 //! client (10.77.0.2) and the server's port 0 (10.77.0.1) and port 1
 //! (10.78.0.1), each with its own MAC. A simulated switch routes Ethernet
 //! frames by destination MAC (ARP broadcasts by target IP) under virtual
@@ -22,7 +22,7 @@ use rtrs::client::{
     PathStatus, ReadBuffer,
 };
 use rtrs::server::{
-    errno, AdmitAll, CloseReason, ConfigError, Event, IoDirection, ReadData, Server, ServerConfig,
+    errno, AdmitAll, CloseReason, Event, IoDirection, ReadData, Server, ServerConfig, StartError,
     Usage,
 };
 use rtrs::wire::{ConnReq, ConnRsp, InfoReq, Uuid};
@@ -110,6 +110,8 @@ fn pattern(seed: u8, len: usize) -> Vec<u8> {
 struct World {
     client: Client<TestHca>,
     server: Server<TestHca>,
+    /// The server's two ports, lent to it on every call.
+    ports: Vec<TestHca>,
     now: u64,
     /// Frames in flight: (delivery time, sequence) -> (to, frame).
     link: BTreeMap<(u64, u64), (Node, Vec<u8>)>,
@@ -126,17 +128,18 @@ struct World {
 
 impl World {
     fn new() -> Self {
-        let ports = (0..2)
+        let mut ports: Vec<TestHca> = (0..2)
             .map(|i| hca(PORT_MACS[i], PORT_IPS[i], 2 << 20, 0x1000 + i as u64))
             .collect();
-        let mut server = Server::with_ports(ports, server_config()).expect("server config");
-        server.start().expect("listen on both ports");
+        let mut server = Server::new(server_config()).expect("server config");
+        server.start(&mut ports).expect("listen on both ports");
         assert!(server.is_listening());
         let client = Client::new(hca(CLIENT_MAC, CLIENT_IP, 4 << 20, 0x77), client_config())
             .expect("client config");
         Self {
             client,
             server,
+            ports,
             now: 1_000_000,
             link: BTreeMap::new(),
             seq: 0,
@@ -203,7 +206,7 @@ impl World {
         while self.client.verbs_mut().poll(now, &mut collect(&mut frames)) {}
         out.extend(frames.drain(..).map(|frame| (Node::Client, frame)));
         for port in 0..self.server.port_count() {
-            let hca = self.server.port_mut(port).expect("port");
+            let hca = &mut self.ports[port];
             while hca.poll(now, &mut collect(&mut frames)) {}
             out.extend(frames.drain(..).map(|frame| (Node::Port(port), frame)));
         }
@@ -225,11 +228,7 @@ impl World {
             busy = true;
             match to {
                 Node::Client => self.client.verbs_mut().receive(self.now, &frame),
-                Node::Port(port) => self
-                    .server
-                    .port_mut(port)
-                    .expect("port")
-                    .receive(self.now, &frame),
+                Node::Port(port) => self.ports[port].receive(self.now, &frame),
             }
         }
         busy
@@ -250,7 +249,7 @@ impl World {
         };
         assert_eq!(self.server.path_port(token.path), Some(*port));
         self.served.push((*port, *direction));
-        let memory = self.server.port(*port).expect("event port");
+        let memory = &self.ports[*port];
         let mut h = vec![0u8; header.len() as usize];
         memory.read(*header, 0, &mut h).expect("header");
         let offset = u64::from_le_bytes(h[8..16].try_into().unwrap()) as usize;
@@ -262,16 +261,14 @@ impl World {
             }
             IoDirection::Read { read_len } => {
                 let bytes = self.disk[offset..offset + *read_len as usize].to_vec();
-                self.server
-                    .port_mut(*port)
-                    .expect("event port")
+                self.ports[*port]
                     .write(*data, 0, &bytes)
                     .expect("read data");
             }
         }
         let now = self.now;
         self.server
-            .complete_io(*token, 0, ReadData::Chunk, now)
+            .complete_io(*token, 0, ReadData::Chunk, now, &mut self.ports)
             .expect("complete");
     }
 
@@ -279,7 +276,7 @@ impl World {
     fn round(&mut self) -> bool {
         let now = self.now;
         let mut busy = self.client.poll(now);
-        busy |= self.server.poll(now, &mut AdmitAll);
+        busy |= self.server.poll(now, &mut self.ports, &mut AdmitAll);
         while let Some(event) = self.server.next_event() {
             busy = true;
             if matches!(event, Event::Io { .. }) {
@@ -299,8 +296,7 @@ impl World {
 
     /// The next time anything has to happen.
     fn next_deadline(&self) -> Option<u64> {
-        let ports = (0..self.server.port_count())
-            .filter_map(|port| self.server.port(port).and_then(|hca| hca.poll_at(self.now)));
+        let ports = self.ports.iter().filter_map(|hca| hca.poll_at(self.now));
         [
             self.client.poll_at(),
             self.server.poll_at(),
@@ -515,7 +511,7 @@ fn one_session_two_paths_on_two_ports_body() {
 
     // Shutdown drains both ports.
     let now = world.now;
-    world.server.close_all(now);
+    world.server.close_all(now, &mut world.ports);
     let idle = world.run_until(10 * SECOND, |w| w.server.usage() == Usage::default());
     assert!(idle, "{:?}", world.server.usage());
     assert_eq!(world.server.stats().paths_closed, 2);
@@ -616,25 +612,47 @@ fn session_survives_losing_a_port_body() {
 
 // ----- admission across ports, on the mock provider ----------------------------
 
-/// A two-port server over mocks; `with_ports` refuses zero ports.
-fn mock_server() -> Server<MockVerbs> {
-    let empty: Vec<MockVerbs> = Vec::new();
-    assert_eq!(
-        Server::with_ports(empty, small_config()).err(),
-        Some(ConfigError::NoPorts)
-    );
-    let ports = vec![MockVerbs::new(4 << 20), MockVerbs::new(4 << 20)];
-    let mut server = Server::with_ports(ports, small_config()).expect("config");
-    server.start().expect("listen");
-    assert_eq!(server.port_count(), 2);
-    for port in 0..2 {
-        assert_eq!(
-            server.port(port).unwrap().listening,
-            Some(small_config().port)
-        );
+/// A server and the two mock ports it is lent.
+struct MockServer {
+    server: Server<MockVerbs>,
+    ports: [MockVerbs; 2],
+}
+
+impl MockServer {
+    fn poll(&mut self, now: u64) -> bool {
+        self.server.poll(now, &mut self.ports, &mut AdmitAll)
     }
-    assert!(server.port(2).is_none());
-    server
+
+    fn port(&self, port: usize) -> Option<&MockVerbs> {
+        self.ports.get(port)
+    }
+
+    fn port_mut(&mut self, port: usize) -> Option<&mut MockVerbs> {
+        self.ports.get_mut(port)
+    }
+
+    fn next_event(&mut self) -> Option<Event> {
+        self.server.next_event()
+    }
+
+    fn usage(&self) -> Usage {
+        self.server.usage()
+    }
+}
+
+/// A server started on two mock ports; `start` refuses zero ports.
+fn mock_server() -> MockServer {
+    let mut server = Server::new(small_config()).expect("config");
+    assert_eq!(server.start(&mut []), Err(StartError::NoPorts));
+    assert!(!server.is_listening());
+    let mut ports = [MockVerbs::new(4 << 20), MockVerbs::new(4 << 20)];
+    server.start(&mut ports).expect("listen");
+    assert!(server.is_listening());
+    assert_eq!(server.port_count(), 2);
+    for port in &ports {
+        assert_eq!(port.listening, Some(small_config().port));
+    }
+    MockServer { server, ports }
 }
 
 fn req(cid: u16, cid_num: u16, path: u8, session: u8, first_conn: bool) -> Vec<u8> {
@@ -654,7 +672,7 @@ fn req(cid: u16, cid_num: u16, path: u8, session: u8, first_conn: bool) -> Vec<u
 
 /// Injects a connect request on `port` (ConnIds are per port: the same
 /// number may be used on both) and polls.
-fn request(server: &mut Server<MockVerbs>, port: usize, conn: u32, private_data: &[u8]) {
+fn request(server: &mut MockServer, port: usize, conn: u32, private_data: &[u8]) {
     let local = IpAddr::V4(Ipv4Addr::from(PORT_IPS[port]));
     let mock = server.port_mut(port).unwrap();
     let conn = ConnId(conn);
@@ -669,20 +687,20 @@ fn request(server: &mut Server<MockVerbs>, port: usize, conn: u32, private_data:
 }
 
 /// Polls a few times, counting the server's allocations (there must be none).
-fn poll(server: &mut Server<MockVerbs>, now: u64) {
+fn poll(server: &mut MockServer, now: u64) {
     armed(|| {
         for _ in 0..16 {
-            server.poll(now, &mut AdmitAll);
+            server.poll(now);
         }
     });
 }
 
-fn accepted(server: &Server<MockVerbs>, port: usize, conn: u32) -> bool {
+fn accepted(server: &MockServer, port: usize, conn: u32) -> bool {
     let mock = server.port(port).unwrap();
     mock.accepted.iter().any(|a| a.conn == ConnId(conn))
 }
 
-fn reject_errno(server: &Server<MockVerbs>, port: usize, conn: u32) -> Option<i16> {
+fn reject_errno(server: &MockServer, port: usize, conn: u32) -> Option<i16> {
     let mock = server.port(port).unwrap();
     mock.rejected
         .iter()
@@ -745,7 +763,7 @@ fn a_path_stays_on_its_port_and_unknown_sessions_are_refused_on_both() {
         .iter()
         .filter_map(|e| match e {
             Event::PathUp { path, port, .. } => {
-                Some((*port, server.path_port(*path).expect("live path")))
+                Some((*port, server.server.path_port(*path).expect("live path")))
             }
             _ => None,
         })
@@ -759,8 +777,7 @@ fn a_path_stays_on_its_port_and_unknown_sessions_are_refused_on_both() {
         1
     );
     // Each path's memory lives on its own port.
-    let buffers =
-        |server: &Server<MockVerbs>, port: usize| server.port(port).unwrap().arena.buffers();
+    let buffers = |server: &MockServer, port: usize| server.port(port).unwrap().arena.buffers();
     assert!(buffers(&server, 0) > 0);
     assert_eq!(buffers(&server, 0), buffers(&server, 1));
     // An up path's cid re-sent on the other port is still refused.
@@ -802,7 +819,7 @@ fn a_path_stays_on_its_port_and_unknown_sessions_are_refused_on_both() {
 }
 
 /// Queues a CON_REQ too short to parse on `port` (without polling).
-fn malformed_request(server: &mut Server<MockVerbs>, port: usize, conn: u32) {
+fn malformed_request(server: &mut MockServer, port: usize, conn: u32) {
     let local = Ipv4Addr::from(PORT_IPS[port]);
     let mock = server.port_mut(port).unwrap();
     mock.live.insert(ConnId(conn));
@@ -818,9 +835,13 @@ fn malformed_request(server: &mut Server<MockVerbs>, port: usize, conn: u32) {
 fn poll_budgets_are_totals_shared_round_robin_between_ports() {
     let mut config = small_config();
     config.cm_budget = 2;
-    let ports = vec![MockVerbs::new(1 << 20), MockVerbs::new(1 << 20)];
-    let mut server = Server::with_ports(ports, config).expect("config");
-    server.start().expect("listen");
+    let mut ports = [MockVerbs::new(1 << 20), MockVerbs::new(1 << 20)];
+    let mut inner = Server::new(config).expect("config");
+    inner.start(&mut ports).expect("listen");
+    let mut server = MockServer {
+        server: inner,
+        ports,
+    };
     // Three malformed requests on each port: each costs one CM event and
     // is rejected on its own port.
     for port in 0..2 {
@@ -829,23 +850,23 @@ fn poll_budgets_are_totals_shared_round_robin_between_ports() {
         }
     }
     let rejected =
-        |server: &Server<MockVerbs>| [0, 1].map(|port| server.port(port).unwrap().rejected.len());
+        |server: &MockServer| [0, 1].map(|port| server.port(port).unwrap().rejected.len());
     // A budget of 2 in total, one per port: neither port starves.
-    assert!(server.poll(1, &mut AdmitAll));
+    assert!(server.poll(1));
     assert_eq!(rejected(&server), [1, 1]);
-    assert!(server.poll(1, &mut AdmitAll));
+    assert!(server.poll(1));
     assert_eq!(rejected(&server), [2, 2]);
-    assert!(server.poll(1, &mut AdmitAll));
+    assert!(server.poll(1));
     assert_eq!(rejected(&server), [3, 3]);
     // Port 1 alone keeps the whole budget; the starting port rotates.
     for conn in 3..6 {
         malformed_request(&mut server, 1, conn);
     }
-    assert!(server.poll(1, &mut AdmitAll));
+    assert!(server.poll(1));
     assert_eq!(rejected(&server), [3, 5]);
-    assert!(server.poll(1, &mut AdmitAll));
+    assert!(server.poll(1));
     assert_eq!(rejected(&server), [3, 6]);
-    assert!(!server.poll(1, &mut AdmitAll));
-    assert_eq!(server.stats().rejected, 9);
+    assert!(!server.poll(1));
+    assert_eq!(server.server.stats().rejected, 9);
     assert_eq!(server.usage(), Usage::default());
 }

@@ -160,7 +160,9 @@ fn run(ops: Vec<Op>, invalidate: bool) {
             Op::Answer { errno } => {
                 let now = h.now;
                 for token in tokens.drain(..) {
-                    let _ = h.server.complete_io(token, errno, ReadData::Chunk, now);
+                    let _ = h
+                        .server
+                        .complete_io(token, errno, ReadData::Chunk, now, &mut h.ports);
                 }
             }
             Op::CompleteSends => h.mock().complete_sends(),
@@ -196,7 +198,9 @@ fn run(ops: Vec<Op>, invalidate: bool) {
     h.settle();
     let now = h.now;
     for token in tokens.drain(..) {
-        let _ = h.server.complete_io(token, 0, ReadData::Chunk, now);
+        let _ = h
+            .server
+            .complete_io(token, 0, ReadData::Chunk, now, &mut h.ports);
     }
     h.mock().complete_sends();
     h.settle();

@@ -1,6 +1,6 @@
 //! Hosted volumes: what `brick-target` serves on Linux.
 //!
-//! [`HostedVolume`] is RAM ([`RamVolume`]) or a file or block device
+//! [`HostedVolume`] is RAM ([`RamVolume`](crate::RamVolume)) or a file or block device
 //! ([`hal::hosted::FileDevice`]: a worker pool doing `pread`/`pwrite`,
 //! FLUSH -> `fdatasync`, FUA -> write + `fdatasync` before completion).
 //! [`open_volume`] opens what a manifest entry names: a file with a

@@ -91,7 +91,7 @@ mode = "rw"
 #[test]
 fn every_session_the_manifest_allows_is_admitted_and_one_more_is_refused_by_the_limit() {
     with_world(MANIFEST, |world| {
-        let capacity = world.engine.server().port(0).unwrap().capacity();
+        let capacity = world.engine.hca(0).unwrap().capacity();
         let counts = manifest::Capacity::of(world.engine.manifest());
         assert_eq!(capacity.qps as u64, counts.qps);
         assert!(capacity.qps >= SESSIONS * 2, "{capacity:?}");
@@ -118,7 +118,7 @@ fn every_session_the_manifest_allows_is_admitted_and_one_more_is_refused_by_the_
             assert_eq!(world.read(client, 3, &device, offset, 4096), (0, data));
         }
         // The HCA could hold another session's path ...
-        let hca = world.engine.server().port(0).unwrap();
+        let hca = world.engine.hca(0).unwrap();
         assert!(hca.qp_count() + 2 <= capacity.qps);
         let regions_free = hca.arena().regions() - hca.arena().buffers();
         assert!(

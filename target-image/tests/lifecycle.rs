@@ -106,7 +106,7 @@ const QUEUE_DEPTH: u16 = 4;
 
 /// Registered buffers the engine's HCA holds.
 fn engine_buffers(world: &World<'_>) -> usize {
-    world.engine.rtrs(0).unwrap().verbs().arena().buffers()
+    world.engine.hca(0).unwrap().arena().buffers()
 }
 
 /// Asserts the engine holds nothing: no session, RTRS usage all zero,
@@ -273,7 +273,7 @@ fn connect_io_disconnect_cycles_leak_nothing() {
     // leaking any of them per cycle would make a later connect fail.
     let regions_per_cycle = usize::from(QUEUE_DEPTH) + 3;
     with_world(MANIFEST, move |world| {
-        let capacity = world.engine.server().port(0).unwrap().capacity();
+        let capacity = world.engine.hca(0).unwrap().capacity();
         assert!(cycles as usize > capacity.qps);
         assert!(cycles as usize * regions_per_cycle > capacity.regions);
         let idle_buffers = engine_buffers(world);

@@ -48,10 +48,13 @@ volumes = "*"
 mode = "rw"
 "#;
 
-/// A RAM volume whose completions wait until `open` is set.
+/// A RAM volume whose completions wait until `open` is set, and whose
+/// queue holds at most `room` requests (more are refused with
+/// `QueueFull`).
 struct Gated {
     inner: RamVolume,
     open: Arc<AtomicBool>,
+    room: usize,
 }
 
 impl BlockDevice<Chunk> for Gated {
@@ -64,6 +67,9 @@ impl BlockDevice<Chunk> for Gated {
         request: DeviceRequest<Chunk>,
         buffers: &mut A,
     ) -> Result<(), SubmitError> {
+        if self.inner.in_flight() >= self.room {
+            return Err(SubmitError::QueueFull);
+        }
         self.inner.submit(request, buffers)
     }
 
@@ -92,10 +98,11 @@ impl BlockDevice<Chunk> for Gated {
     }
 }
 
-/// Runs `test` with an engine over gated volumes (closed at first) built
-/// from `manifest`.
+/// Runs `test` with an engine over gated volumes (closed at first, with
+/// queues of `room` requests) built from `manifest`.
 fn with_gated_world(
     manifest: String,
+    room: usize,
     test: impl FnOnce(&mut World<'_, Gated>, &AtomicBool) + Send + 'static,
 ) {
     std::thread::Builder::new()
@@ -112,6 +119,7 @@ fn with_gated_world(
                     Ok(Gated {
                         inner: ram_volume(volume)?,
                         open: Arc::clone(&opened),
+                        room,
                     })
                 },
             )
@@ -126,7 +134,7 @@ fn with_gated_world(
 
 #[test]
 fn reconnect_while_the_old_path_has_io_in_flight_is_a_new_session() {
-    with_gated_world(MANIFEST.to_owned(), |world, gate| {
+    with_gated_world(MANIFEST.to_owned(), usize::MAX, |world, gate| {
         gate.store(true, Ordering::Relaxed);
         let c = world.add_client(2, 16, 7);
         world.connect(c, "s1", 1).expect("session up");
@@ -259,7 +267,7 @@ fn sessions_cannot_use_up_the_deferred_closes_of_the_others() {
             "[[volumes]]\nname = \"v{n}\"\nkind = \"ram\"\nsize = \"64KiB\"\n"
         ));
     }
-    with_gated_world(text, |world, gate| {
+    with_gated_world(text, usize::MAX, |world, gate| {
         gate.store(true, Ordering::Relaxed);
         let mut greedy = Vec::new();
         for g in 0..GREEDY {
@@ -346,6 +354,65 @@ fn sessions_cannot_use_up_the_deferred_closes_of_the_others() {
             world.close_session(*c);
         }
         world.close_session(other);
+        world.run_until("nothing held", |w| w.engine.is_idle());
+    });
+}
+
+/// The errno node `c` saw for `tag`, once completed.
+fn completion_errno(world: &World<'_, Gated>, c: usize, tag: u64) -> Option<u16> {
+    world.clients[c].events.iter().find_map(|e| match e {
+        Event::IoCompleted { tag: t, errno, .. } if *t == tag => Some(*errno),
+        _ => None,
+    })
+}
+
+/// A device queue narrower than the requests that arrive at once: the
+/// engine parks the rest, hands them to the device as room frees, and
+/// answers every one; the data lands where each write said.
+#[test]
+fn a_full_device_queue_parks_requests_until_room_frees() {
+    const ROOM: usize = 2;
+    const WRITES: u64 = 8;
+    with_gated_world(MANIFEST.to_owned(), ROOM, |world, gate| {
+        gate.store(true, Ordering::Relaxed);
+        let c = world.add_client(2, 16, 7);
+        world.connect(c, "s1", 1).expect("session up");
+        let vol0 = world.open(c, 1, "vol0", AccessMode::ReadWrite).unwrap();
+        assert_eq!(world.engine.volume_counters(0).unwrap().parked, 0);
+        // Eight writes of the same bytes (one client buffer) to eight
+        // blocks, submitted before the engine runs.
+        let data = pattern(5, 4096);
+        let mut header = [0u8; 64];
+        for n in 0..WRITES {
+            let out = vol0.write(n * 4096, 4096, false, &mut header).unwrap();
+            submit_write(world, c, 100 + n, &header[..out.user_header_len], &data);
+        }
+        world.run_until("every write answered", |w| {
+            (0..WRITES).all(|n| completed(w, c, 100 + n))
+        });
+        for n in 0..WRITES {
+            assert_eq!(completion_errno(world, c, 100 + n), Some(0), "write {n}");
+        }
+        let counters = world.engine.volume_counters(0).unwrap();
+        assert!(
+            counters.parked >= WRITES - ROOM as u64,
+            "the requests beyond the device's room waited: {counters:?}"
+        );
+        assert_eq!(counters.device_errors, 0);
+        assert_eq!(world.engine.volume_requests_in_flight(), 0);
+        for n in 0..WRITES {
+            assert_eq!(
+                world.read(c, 200 + n, &vol0, n * 4096, 4096),
+                (0, data.clone()),
+                "block {n}"
+            );
+        }
+        // The block after them was never written.
+        assert_eq!(
+            world.read(c, 300, &vol0, WRITES * 4096, 4096),
+            (0, vec![0; 4096])
+        );
+        world.close_session(c);
         world.run_until("nothing held", |w| w.engine.is_idle());
     });
 }

@@ -30,7 +30,7 @@
 use core::net::SocketAddr;
 
 use super::table::PathState;
-use super::{CloseReason, Event, Server, SessionId, Verbs};
+use super::{CloseReason, Event, Lent, SessionId, Verbs};
 use crate::wire::PATHNAME_LEN;
 
 /// What the server knows of a path asking to carry a session.
@@ -97,7 +97,7 @@ pub enum PathRefusal {
     OutOfMemory,
 }
 
-impl<V: Verbs> Server<V> {
+impl<V: Verbs> Lent<'_, V> {
     /// Steps 1-3 of the module doc for path slot `path` with session name
     /// `name`: the session slot the path joins (`Some`) or `None` for a new
     /// session, or why not.
@@ -107,14 +107,14 @@ impl<V: Verbs> Server<V> {
         name: &str,
         admission: &mut dyn Admission,
     ) -> Result<Option<u16>, PathRefusal> {
-        let slot = &self.paths[usize::from(path)];
+        let slot = &self.server.paths[usize::from(path)];
         let (Some((local, remote)), port) = (slot.addresses, slot.port) else {
             return Err(PathRefusal::NotAdmitted);
         };
         let joins = self.find_session(slot.session_uuid);
         match joins {
             Some(session) => {
-                if self.sessions[usize::from(session)].name != name {
+                if self.server.sessions[usize::from(session)].name != name {
                     return Err(PathRefusal::NameMismatch);
                 }
                 let up = self
@@ -122,7 +122,7 @@ impl<V: Verbs> Server<V> {
                     .iter()
                     .filter(|p| p.session == Some(session) && p.state == PathState::Connected)
                     .count();
-                if up >= usize::from(self.config.max_paths_per_session) {
+                if up >= usize::from(self.server.config.max_paths_per_session) {
                     return Err(PathRefusal::TooManyPaths);
                 }
             }
@@ -130,11 +130,16 @@ impl<V: Verbs> Server<V> {
                 if !slot.first_conn {
                     return Err(PathRefusal::NoSession);
                 }
-                if self.sessions.iter().any(|s| s.open && s.name == name) {
+                if self
+                    .server
+                    .sessions
+                    .iter()
+                    .any(|s| s.open && s.name == name)
+                {
                     return Err(PathRefusal::NameInUse);
                 }
-                let open = self.sessions.iter().filter(|s| s.open).count();
-                if open >= usize::from(self.config.max_sessions) {
+                let open = self.server.sessions.iter().filter(|s| s.open).count();
+                if open >= usize::from(self.server.config.max_sessions) {
                     return Err(PathRefusal::TooManySessions);
                 }
             }
@@ -160,9 +165,9 @@ impl<V: Verbs> Server<V> {
         reason: PathRefusal,
         now: u64,
     ) {
-        let slot = &self.paths[usize::from(path)];
+        let slot = &self.server.paths[usize::from(path)];
         let (remote, port) = (slot.remote, slot.port);
-        self.stats.paths_refused += 1;
+        self.server.stats.paths_refused += 1;
         self.push_event(Event::PathRefused {
             name,
             remote,

@@ -4,14 +4,14 @@
 use verbs::{ConnId, Verbs};
 
 use super::table::PathState;
-use super::{CloseReason, Event, IoState, Server};
+use super::{CloseReason, Event, IoState, Lent};
 
-impl<V: Verbs> Server<V> {
+impl<V: Verbs> Lent<'_, V> {
     pub(super) fn detach_conn(&mut self, path: u16, conn: ConnId) {
         let port = self.port_of(path);
         let _ = self.ports[port].destroy(conn);
         self.forget_conn(port, conn);
-        for entry in self.paths[usize::from(path)].conns.iter_mut() {
+        for entry in self.server.paths[usize::from(path)].conns.iter_mut() {
             if *entry == Some(conn) {
                 *entry = None;
             }
@@ -23,13 +23,13 @@ impl<V: Verbs> Server<V> {
     pub(super) fn begin_close(&mut self, path: u16, reason: CloseReason, now: u64) {
         let port = self.port_of(path);
         let index = usize::from(path);
-        let slot = &mut self.paths[index];
+        let slot = &mut self.server.paths[index];
         if !matches!(slot.state, PathState::Connecting | PathState::Connected) {
             return;
         }
         let was_up = slot.state == PathState::Connected;
         slot.state = PathState::Closing {
-            deadline: now.saturating_add(self.config.close_timeout_ns),
+            deadline: now.saturating_add(self.server.config.close_timeout_ns),
         };
         if reason == CloseReason::ProtocolViolation {
             slot.stats.protocol_errors += 1;
@@ -41,14 +41,14 @@ impl<V: Verbs> Server<V> {
         }
         let session = slot.session;
         for cid in 0..slot.conns.len() {
-            if let Some(conn) = self.paths[index].conns[cid] {
+            if let Some(conn) = self.server.paths[index].conns[cid] {
                 if self.ports[port].disconnect(conn).is_err() {
                     // Not connected yet (or already down): release it now.
                     self.detach_conn(path, conn);
                 }
             }
         }
-        self.stats.paths_closed += 1;
+        self.server.stats.paths_closed += 1;
         let Some(session) = session else {
             return; // half-open: no session to tell
         };
@@ -60,7 +60,7 @@ impl<V: Verbs> Server<V> {
                 path: path_id,
                 reason,
             });
-            let slot = &mut self.sessions[usize::from(session)];
+            let slot = &mut self.server.sessions[usize::from(session)];
             slot.paths_up = slot.paths_up.saturating_sub(1);
             if slot.paths_up == 0 {
                 self.push_event(Event::SessionClosed {
@@ -70,7 +70,7 @@ impl<V: Verbs> Server<V> {
         }
         // No path up: the session is over. It lingers, closed, until its
         // paths have drained; a new path of its uuid starts a new session.
-        let slot = &mut self.sessions[usize::from(session)];
+        let slot = &mut self.server.sessions[usize::from(session)];
         if slot.paths_up == 0 {
             slot.open = false;
         }
@@ -79,7 +79,7 @@ impl<V: Verbs> Server<V> {
     /// Closing -> Free once no connection and no consumer-held IO remain.
     pub(super) fn maybe_free_path(&mut self, path: u16) {
         let index = usize::from(path);
-        let slot = &self.paths[index];
+        let slot = &self.server.paths[index];
         if !matches!(slot.state, PathState::Closing { .. }) {
             return;
         }
@@ -94,7 +94,7 @@ impl<V: Verbs> Server<V> {
         if !self.release_pool(index) {
             return; // still pinned; retried from poll
         }
-        let slot = &mut self.paths[index];
+        let slot = &mut self.server.paths[index];
         slot.state = PathState::Free;
         slot.generation = slot.generation.wrapping_add(1);
         if let Some(session) = slot.session.take() {

@@ -141,8 +141,6 @@ pub enum ConfigError {
     ChunkSize,
     /// A table capacity or budget is zero or beyond the protocol's limits.
     Limits,
-    /// [`Server::with_ports`](super::Server::with_ports) got no port.
-    NoPorts,
 }
 
 impl fmt::Display for ConfigError {
@@ -151,9 +149,29 @@ impl fmt::Display for ConfigError {
             Self::QueueDepth => "queue depth below 2",
             Self::ChunkSize => "chunk size does not fit the immediate or leaves no IO room",
             Self::Limits => "table capacity or budget out of range",
-            Self::NoPorts => "no port (verbs provider) given",
         })
     }
 }
 
 impl core::error::Error for ConfigError {}
+
+/// Why [`Server::start`](super::Server::start) did not listen on every port.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum StartError {
+    /// It was given no port (verbs provider).
+    NoPorts,
+    /// A provider refused to listen; the ports before it listen.
+    Listen(verbs::ConnectError),
+}
+
+impl fmt::Display for StartError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::NoPorts => f.write_str("expected at least one port (verbs provider), got none"),
+            Self::Listen(error) => write!(f, "listen failed: {error}"),
+        }
+    }
+}
+
+impl core::error::Error for StartError {}

@@ -7,10 +7,10 @@ use core::net::SocketAddr;
 use verbs::{CmEvent, ConnId, ConnParams, RecvWr, Sgl, Verbs};
 
 use super::table::PathState;
-use super::{wr_id, CloseReason, ConnectRefusal, Connection, Server, Stats, WrKind};
+use super::{wr_id, CloseReason, ConnectRefusal, Connection, Lent, Server, Stats, WrKind};
 use crate::wire::{self, ConnReq, ConnRsp, ConnRspFlags, Uuid};
 
-impl<V: Verbs> Server<V> {
+impl<V: Verbs> Lent<'_, V> {
     // ----- connection management ----------------------------------------------
 
     pub(super) fn handle_cm_event(&mut self, port: usize, event: CmEvent, now: u64) {
@@ -49,22 +49,7 @@ impl<V: Verbs> Server<V> {
         let len = rsp.emit(&mut buf).unwrap_or(0);
         // A failed reject leaves nothing of ours behind; the provider times it out.
         let _ = self.ports[port].reject(conn, &buf[..len]);
-        self.stats.rejected += 1;
-    }
-
-    /// The CONN_RSP this server accepts with (rtrs.md §2.5).
-    pub fn conn_rsp(&self) -> ConnRsp {
-        let flags = if self.config.always_invalidate {
-            ConnRspFlags::NEW_RKEY
-        } else {
-            ConnRspFlags(0)
-        };
-        ConnRsp::accept(
-            self.config.queue_depth,
-            self.config.max_io_size(),
-            self.config.max_hdr_size,
-            flags,
-        )
+        self.server.stats.rejected += 1;
     }
 
     pub(super) fn handle_connect_request(
@@ -102,11 +87,11 @@ impl<V: Verbs> Server<V> {
         now: u64,
     ) -> Result<(u16, u16), ConnectRefusal> {
         let req = ConnReq::parse(private_data).map_err(ConnectRefusal::Malformed)?;
-        if req.cid_num > self.config.max_connections_per_path {
+        if req.cid_num > self.server.config.max_connections_per_path {
             return Err(ConnectRefusal::TooManyConnections);
         }
         let source = addresses.1.ip();
-        let existing = self.paths.iter().position(|p| {
+        let existing = self.server.paths.iter().position(|p| {
             p.is_live() && p.session_uuid == req.session_uuid && p.uuid == req.path_uuid
         });
         // The session is known if open, or if a half-open path asks for it
@@ -123,35 +108,35 @@ impl<V: Verbs> Server<V> {
                 if !req.first_conn {
                     return Err(ConnectRefusal::NoSession);
                 }
-                let open = self.sessions.iter().filter(|s| s.open).count();
-                if open >= usize::from(self.config.max_sessions) {
+                let open = self.server.sessions.iter().filter(|s| s.open).count();
+                if open >= usize::from(self.server.config.max_sessions) {
                     return Err(ConnectRefusal::TooManySessions);
                 }
             }
             let path = self.create_path(port, &req, addresses, now)?;
-            self.paths[usize::from(path)].first_conn |= known;
+            self.server.paths[usize::from(path)].first_conn |= known;
             return Ok((path, req.cid));
         };
-        let path = &self.paths[index];
+        let path = &self.server.paths[index];
         if is_newer(req.recon_cnt, path.recon_cnt) {
             // A reconnect: the client gave the old path up (rtrs.md §6.2).
             // Only the path's own client may say so, and only when the old
             // path shows it: half-open, or silent for a heartbeat interval.
             let stale = path.state == PathState::Connecting || path.heartbeat.is_stale();
             if path.source() != Some(source) || !stale {
-                self.stats.takeovers_refused += 1;
+                self.server.stats.takeovers_refused += 1;
                 return Err(ConnectRefusal::PathStillUp);
             }
             let session = path.session;
             let index = index as u16;
             self.begin_close(index, CloseReason::Replaced, now);
-            self.stats.paths_replaced += 1;
+            self.server.stats.paths_replaced += 1;
             if let Some(session) = session {
-                self.sessions[usize::from(session)].stats.reconnects += 1;
+                self.server.sessions[usize::from(session)].stats.reconnects += 1;
             }
             self.maybe_free_path(index);
             let path = self.create_path(port, &req, addresses, now)?;
-            self.paths[usize::from(path)].first_conn |= known;
+            self.server.paths[usize::from(path)].first_conn |= known;
             return Ok((path, req.cid));
         }
         if path.state != PathState::Connecting {
@@ -172,7 +157,8 @@ impl<V: Verbs> Server<V> {
 
     /// The open session with `uuid`.
     pub(super) fn find_session(&self, uuid: Uuid) -> Option<u16> {
-        self.sessions
+        self.server
+            .sessions
             .iter()
             .position(|s| s.live && s.open && s.uuid == uuid)
             .map(|i| i as u16)
@@ -180,8 +166,8 @@ impl<V: Verbs> Server<V> {
 
     /// Takes a free session slot for a newly admitted session.
     pub(super) fn create_session(&mut self, uuid: Uuid) -> Option<u16> {
-        let index = self.sessions.iter().position(|s| !s.live)?;
-        let slot = &mut self.sessions[index];
+        let index = self.server.sessions.iter().position(|s| !s.live)?;
+        let slot = &mut self.server.sessions[index];
         slot.live = true;
         slot.open = true;
         slot.uuid = uuid;
@@ -199,7 +185,7 @@ impl<V: Verbs> Server<V> {
             .iter()
             .any(|p| p.state != PathState::Free && p.session == Some(session));
         if !used {
-            let slot = &mut self.sessions[usize::from(session)];
+            let slot = &mut self.server.sessions[usize::from(session)];
             slot.live = false;
             slot.open = false;
             slot.name.clear();
@@ -221,7 +207,8 @@ impl<V: Verbs> Server<V> {
     ) -> Result<u16, ConnectRefusal> {
         let uuid = req.session_uuid;
         let live = || {
-            self.paths
+            self.server
+                .paths
                 .iter()
                 .filter(move |p| p.is_live() && p.session_uuid == uuid)
         };
@@ -233,40 +220,42 @@ impl<V: Verbs> Server<V> {
         if live().any(|p| p.addresses.is_some_and(same)) {
             return Err(ConnectRefusal::PathExists);
         }
-        if live().count() >= usize::from(self.config.max_paths_per_session) {
+        if live().count() >= usize::from(self.server.config.max_paths_per_session) {
             return Err(ConnectRefusal::TooManyPaths);
         }
         let source = addresses.1.ip();
         let half_open = || {
-            self.paths
+            self.server
+                .paths
                 .iter()
                 .filter(|p| p.state == PathState::Connecting)
         };
         let from_source = half_open().filter(|p| p.source() == Some(source)).count();
-        if from_source >= usize::from(self.config.max_half_open_per_source) {
-            self.stats.half_open_refused += 1;
+        if from_source >= usize::from(self.server.config.max_half_open_per_source) {
+            self.server.stats.half_open_refused += 1;
             return Err(ConnectRefusal::TooManyHalfOpen);
         }
-        if half_open().count() >= usize::from(self.config.max_half_open) {
+        if half_open().count() >= usize::from(self.server.config.max_half_open) {
             // The oldest half-open path has the earliest setup deadline. It
             // makes room only once it has been in setup for a quarter of
             // the deadline: a path that slow is stalling, while a rack of
             // hosts connecting at once sets each path up in milliseconds,
             // and evicting those would let none finish. Until then the
             // newcomer is refused (ENOMEM) and its client retries.
-            let oldest = (0..self.paths.len())
-                .filter(|&i| self.paths[i].state == PathState::Connecting)
-                .min_by_key(|&i| self.paths[i].setup_deadline);
-            let stalled_by =
-                now.saturating_add(self.config.setup_timeout_ns - self.config.setup_timeout_ns / 4);
+            let oldest = (0..self.server.paths.len())
+                .filter(|&i| self.server.paths[i].state == PathState::Connecting)
+                .min_by_key(|&i| self.server.paths[i].setup_deadline);
+            let stalled_by = now.saturating_add(
+                self.server.config.setup_timeout_ns - self.server.config.setup_timeout_ns / 4,
+            );
             match oldest {
-                Some(oldest) if self.paths[oldest].setup_deadline <= stalled_by => {
-                    self.stats.half_open_evicted += 1;
+                Some(oldest) if self.server.paths[oldest].setup_deadline <= stalled_by => {
+                    self.server.stats.half_open_evicted += 1;
                     self.begin_close(oldest as u16, CloseReason::Evicted, now);
                     self.maybe_free_path(oldest as u16);
                 }
                 _ => {
-                    self.stats.half_open_refused += 1;
+                    self.server.stats.half_open_refused += 1;
                     return Err(ConnectRefusal::TooManyHalfOpen);
                 }
             }
@@ -276,12 +265,16 @@ impl<V: Verbs> Server<V> {
             .iter()
             .position(|p| p.state == PathState::Free)
             .ok_or(ConnectRefusal::TooManyPaths)?;
-        let path = &mut self.paths[index];
-        path.reset(port, req, now.saturating_add(self.config.setup_timeout_ns));
+        let path = &mut self.server.paths[index];
+        path.reset(
+            port,
+            req,
+            now.saturating_add(self.server.config.setup_timeout_ns),
+        );
         path.addresses = Some(addresses);
         if let Err(refusal) = self.allocate_info_req(index) {
             self.release_pool(index);
-            self.paths[index].state = PathState::Free;
+            self.server.paths[index].state = PathState::Free;
             return Err(refusal);
         }
         Ok(index as u16)
@@ -297,12 +290,16 @@ impl<V: Verbs> Server<V> {
     ) -> Result<(), ConnectRefusal> {
         let port = self.port_of(path);
         let id = self.path_id(path);
-        let qd = self.config.queue_depth;
+        let qd = self.server.config.queue_depth;
         let (send_depth, recv_depth) = if cid == 0 {
             let depth = 2 * wire::SERVICE_CON_QUEUE_DEPTH + 2;
             (depth, depth)
         } else {
-            let per = if self.config.always_invalidate { 5 } else { 3 };
+            let per = if self.server.config.always_invalidate {
+                5
+            } else {
+                3
+            };
             let send = u32::from(qd) * per + 1;
             (
                 u16::try_from(send).unwrap_or(u16::MAX),
@@ -310,7 +307,7 @@ impl<V: Verbs> Server<V> {
             )
         };
         if cid == 0 {
-            let Some(info) = self.paths[usize::from(path)].info_req else {
+            let Some(info) = self.server.paths[usize::from(path)].info_req else {
                 return Err(ConnectRefusal::OutOfMemory);
             };
             let recv = RecvWr {
@@ -327,22 +324,22 @@ impl<V: Verbs> Server<V> {
         self.ports[port]
             .accept(conn, &params)
             .map_err(|_| ConnectRefusal::ConnectionMismatch)?;
-        let slot = &mut self.paths[usize::from(path)];
+        let slot = &mut self.server.paths[usize::from(path)];
         if let Some(entry) = slot.conns.get_mut(usize::from(cid)) {
             *entry = Some(conn);
         }
         if cid == 0 {
             slot.remote = Some(remote);
         }
-        if self.connections.len() < self.connections.capacity() {
-            self.connections.push(Connection {
+        if self.server.connections.len() < self.server.connections.capacity() {
+            self.server.connections.push(Connection {
                 port,
                 conn,
                 path,
                 cid,
             });
         }
-        self.stats.accepted += 1;
+        self.server.stats.accepted += 1;
         Ok(())
     }
 }
@@ -351,4 +348,21 @@ impl<V: Verbs> Server<V> {
 pub(super) fn is_newer(new: u16, old: u16) -> bool {
     let diff = new.wrapping_sub(old);
     diff != 0 && diff < 0x8000
+}
+
+impl<V: Verbs> Server<V> {
+    /// The CONN_RSP this server accepts with (rtrs.md §2.5).
+    pub fn conn_rsp(&self) -> ConnRsp {
+        let flags = if self.config.always_invalidate {
+            ConnRspFlags::NEW_RKEY
+        } else {
+            ConnRspFlags(0)
+        };
+        ConnRsp::accept(
+            self.config.queue_depth,
+            self.config.max_io_size(),
+            self.config.max_hdr_size,
+            flags,
+        )
+    }
 }

@@ -6,10 +6,10 @@ use zerocopy::little_endian::U16;
 use zerocopy::IntoBytes;
 
 use super::table::PathState;
-use super::{wr_id, Admission, CloseReason, Event, PathRefusal, Server, WrKind, RECV_BATCH};
+use super::{wr_id, Admission, CloseReason, Event, Lent, PathRefusal, WrKind, RECV_BATCH};
 use crate::wire::{self, BufferDesc, InfoReq, InfoRsp, RawInfoRspHeader, SgDesc, PATHNAME_LEN};
 
-impl<V: Verbs> Server<V> {
+impl<V: Verbs> Lent<'_, V> {
     /// rtrs.md §3.2.
     ///
     /// The INFO_REQ is parsed and the path admitted (admission.rs) before
@@ -23,7 +23,7 @@ impl<V: Verbs> Server<V> {
     ) {
         let port = self.port_of(path);
         let index = usize::from(path);
-        let slot = &self.paths[index];
+        let slot = &self.server.paths[index];
         let Some(buffer) = slot.info_req else {
             return;
         };
@@ -51,14 +51,14 @@ impl<V: Verbs> Server<V> {
         };
         let session = match joins {
             Some(session) => session,
-            None => match self.create_session(self.paths[index].session_uuid) {
+            None => match self.create_session(self.server.paths[index].session_uuid) {
                 Some(session) => session,
                 None => return self.refuse_path(path, name, PathRefusal::TooManySessions, now),
             },
         };
-        self.paths[index].session = Some(session);
+        self.server.paths[index].session = Some(session);
         if joins.is_none() {
-            self.sessions[usize::from(session)].name = name.clone();
+            self.server.sessions[usize::from(session)].name = name.clone();
         }
         // Only now, admitted, does the path get memory (admission.rs).
         if self.allocate_pool(index).is_err() {
@@ -72,14 +72,14 @@ impl<V: Verbs> Server<V> {
             self.begin_close(path, CloseReason::PostFailed, now);
             return;
         }
-        let interval = self.config.heartbeat_interval_ns;
-        let slot = &mut self.paths[index];
+        let interval = self.server.config.heartbeat_interval_ns;
+        let slot = &mut self.server.paths[index];
         slot.state = PathState::Connected;
         slot.heartbeat.start(now, interval);
         let remote = slot.remote;
         let session_id = self.session_id(session);
         let path_id = self.path_id(path);
-        let session_slot = &mut self.sessions[usize::from(session)];
+        let session_slot = &mut self.server.sessions[usize::from(session)];
         session_slot.paths_up += 1;
         if session_slot.paths_up == 1 {
             self.push_event(Event::SessionOpened {
@@ -104,13 +104,13 @@ impl<V: Verbs> Server<V> {
             sgl: Sgl::new(),
         };
         let batch: [RecvWr; RECV_BATCH] = core::array::from_fn(|_| recv.clone());
-        let slot = &self.paths[usize::from(path)];
+        let slot = &self.server.paths[usize::from(path)];
         for (cid, conn) in slot.conns.iter().enumerate() {
             let conn = conn.ok_or(PostError::NotConnected)?;
             let mut remaining = if cid == 0 {
                 usize::from(wire::SERVICE_CON_QUEUE_DEPTH)
             } else {
-                usize::from(self.config.queue_depth)
+                usize::from(self.server.config.queue_depth)
             };
             while remaining > 0 {
                 let count = remaining.min(RECV_BATCH);
@@ -125,7 +125,7 @@ impl<V: Verbs> Server<V> {
     pub(super) fn send_info_rsp(&mut self, path: u16) -> Result<(), PostError> {
         let port = self.port_of(path);
         let id = self.path_id(path);
-        let slot = &self.paths[usize::from(path)];
+        let slot = &self.server.paths[usize::from(path)];
         let buffer = slot.info_rsp.ok_or(PostError::InvalidKey)?;
         let conn = slot
             .conns
@@ -135,7 +135,7 @@ impl<V: Verbs> Server<V> {
             .ok_or(PostError::NotConnected)?;
         let count = slot.chunks.len();
         let len = (InfoRsp::HEADER_LEN + SgDesc::LEN * count) as u32;
-        let chunk_size = self.config.chunk_size;
+        let chunk_size = self.server.config.chunk_size;
         // The header and one descriptor per chunk, each written through the
         // wire structs (rtrs.md §3.3: addr = iova, key = rkey, len = chunk).
         let mut written = Ok(());

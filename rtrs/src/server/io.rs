@@ -5,24 +5,24 @@ use verbs::{PostError, RecvWr, Rkey, SendOp, SendWr, Sgl, Verbs, WorkCompletion}
 
 use super::table::{ReadInfo, Response};
 use super::{
-    errno, wr_id, CloseReason, Event, IoDirection, IoState, IoToken, ReadData, Server, WrKind,
+    errno, wr_id, CloseReason, Event, IoDirection, IoState, IoToken, Lent, ReadData, WrKind,
 };
 use crate::wire::{Imm, IoMsg, IoRequest, ParseError, ReadMsg, RkeyRsp};
 
-impl<V: Verbs> Server<V> {
+impl<V: Verbs> Lent<'_, V> {
     /// rtrs.md §4.5 step 1-2, §5.
     pub(super) fn handle_io_receive(&mut self, path: u16, wc: WorkCompletion, now: u64) {
         let port = self.port_of(path);
         let index = usize::from(path);
         let id = self.path_id(path);
-        let Some(cid) = self.paths[index]
+        let Some(cid) = self.server.paths[index]
             .conns
             .iter()
             .position(|c| *c == Some(wc.conn))
         else {
             return;
         };
-        self.paths[index].heartbeat.alive();
+        self.server.paths[index].heartbeat.alive();
         let recv = RecvWr {
             wr_id: wr_id(WrKind::RecvIo, id, 0),
             sgl: Sgl::new(),
@@ -33,30 +33,30 @@ impl<V: Verbs> Server<V> {
         }
         let Some(imm) = wc.imm else {
             // A zero-length SEND into a zero-SGE receive: nothing to do.
-            self.stats.ignored_immediates += 1;
+            self.server.stats.ignored_immediates += 1;
             return;
         };
         match Imm::decode(imm) {
             Imm::IoReq { payload } => self.dispatch(path, cid as u16, payload, now),
             Imm::HbMsg => {
-                self.paths[index].ack_pending = true;
+                self.server.paths[index].ack_pending = true;
                 self.send_heartbeat_ack(path);
             }
             Imm::HbAck => {}
-            _ => self.stats.ignored_immediates += 1,
+            _ => self.server.stats.ignored_immediates += 1,
         }
     }
 
     pub(super) fn dispatch(&mut self, path: u16, cid: u16, payload: u32, now: u64) {
-        let (chunk, offset) = self.layout.split(payload);
+        let (chunk, offset) = self.server.layout.split(payload);
         let index = usize::from(path);
-        let qd = u32::from(self.config.queue_depth);
-        if chunk >= qd || offset >= self.config.chunk_size {
+        let qd = u32::from(self.server.config.queue_depth);
+        if chunk >= qd || offset >= self.server.config.chunk_size {
             self.begin_close(path, CloseReason::ProtocolViolation, now); // #14
             return;
         }
         let chunk = chunk as u16;
-        let Some(slot) = self.paths[index].chunks.get_mut(usize::from(chunk)) else {
+        let Some(slot) = self.server.paths[index].chunks.get_mut(usize::from(chunk)) else {
             return;
         };
         if !matches!(slot.state, IoState::Idle) {
@@ -64,7 +64,7 @@ impl<V: Verbs> Server<V> {
             return;
         }
         slot.generation = slot.generation.wrapping_add(1);
-        if self.config.always_invalidate {
+        if self.server.config.always_invalidate {
             slot.state = IoState::WaitingForSendQueueToInvalidate { cid, offset };
             self.try_invalidate(path, chunk, now);
         } else {
@@ -76,7 +76,7 @@ impl<V: Verbs> Server<V> {
         let port = self.port_of(path);
         let index = usize::from(path);
         let id = self.path_id(path);
-        let slot = &self.paths[index];
+        let slot = &self.server.paths[index];
         let Some(chunk_slot) = slot.chunks.get(usize::from(chunk)) else {
             return;
         };
@@ -95,16 +95,19 @@ impl<V: Verbs> Server<V> {
         };
         match self.ports[port].post_send(conn, &[wr]) {
             Ok(()) => {
-                self.paths[index].chunks[usize::from(chunk)].state =
+                self.server.paths[index].chunks[usize::from(chunk)].state =
                     IoState::WaitingForInvalidate { cid, offset };
             }
-            Err(PostError::QueueFull) => self.pending = true,
+            Err(PostError::QueueFull) => self.server.pending = true,
             Err(_) => self.begin_close(path, CloseReason::PostFailed, now),
         }
     }
 
     pub(super) fn invalidated(&mut self, path: u16, chunk: u16, now: u64) {
-        let Some(slot) = self.paths[usize::from(path)].chunks.get(usize::from(chunk)) else {
+        let Some(slot) = self.server.paths[usize::from(path)]
+            .chunks
+            .get(usize::from(chunk))
+        else {
             return;
         };
         if let IoState::WaitingForInvalidate { cid, offset } = slot.state {
@@ -116,8 +119,8 @@ impl<V: Verbs> Server<V> {
     pub(super) fn parse_request(&mut self, path: u16, chunk: u16, cid: u16, offset: u32, now: u64) {
         let port = self.port_of(path);
         let index = usize::from(path);
-        let chunk_size = self.config.chunk_size;
-        let slot = &self.paths[index].chunks[usize::from(chunk)];
+        let chunk_size = self.server.config.chunk_size;
+        let slot = &self.server.paths[index].chunks[usize::from(chunk)];
         let handle = slot.region.handle;
         let generation = slot.generation;
         let parsed = self.ports[port]
@@ -149,14 +152,14 @@ impl<V: Verbs> Server<V> {
             Err((ParseError::UserHeaderBeyondChunkStart, read)) => {
                 // #17: Linux drops silently; Brick answers EINVAL.
                 self.note_protocol_error(path);
-                self.paths[index].chunks[usize::from(chunk)].state = respond_einval(read);
+                self.server.paths[index].chunks[usize::from(chunk)].state = respond_einval(read);
                 self.try_respond(path, chunk, now);
                 return;
             }
             Err((ParseError::TooManyReadDescriptors, _)) => {
                 // #18: answered EINVAL (no descriptor to invalidate).
                 self.note_protocol_error(path);
-                self.paths[index].chunks[usize::from(chunk)].state = respond_einval(None);
+                self.server.paths[index].chunks[usize::from(chunk)].state = respond_einval(None);
                 self.try_respond(path, chunk, now);
                 return;
             }
@@ -175,7 +178,7 @@ impl<V: Verbs> Server<V> {
                     // #19: 1..=chunk and equal to the room the client left.
                     if desc.len == 0 || desc.len > chunk_size || desc.len != data_len {
                         self.note_protocol_error(path);
-                        self.paths[index].chunks[usize::from(chunk)].state =
+                        self.server.paths[index].chunks[usize::from(chunk)].state =
                             respond_einval(Some(read));
                         self.try_respond(path, chunk, now);
                         return;
@@ -192,7 +195,7 @@ impl<V: Verbs> Server<V> {
             self.begin_close(path, CloseReason::ProtocolViolation, now);
             return;
         };
-        self.paths[index].chunks[usize::from(chunk)].state = IoState::WaitingForConsumer {
+        self.server.paths[index].chunks[usize::from(chunk)].state = IoState::WaitingForConsumer {
             cid,
             read: read.flatten().or(match direction {
                 IoDirection::Read { .. } => Some(ReadInfo::dataless()),
@@ -200,12 +203,12 @@ impl<V: Verbs> Server<V> {
             }),
         };
         // A path carries IO only once admitted, so it has its session.
-        let Some(session) = self.paths[index].session else {
+        let Some(session) = self.server.paths[index].session else {
             return;
         };
         if let IoDirection::Write = direction {
-            self.paths[index].stats.write_bytes += u64::from(data_len);
-            self.sessions[usize::from(session)].stats.write_bytes += u64::from(data_len);
+            self.server.paths[index].stats.write_bytes += u64::from(data_len);
+            self.server.sessions[usize::from(session)].stats.write_bytes += u64::from(data_len);
         }
         let session = self.session_id(session);
         let token = IoToken {
@@ -213,6 +216,7 @@ impl<V: Verbs> Server<V> {
             chunk,
             generation,
         };
+        let port = self.port_of(path);
         self.push_event(Event::Io {
             session,
             token,
@@ -220,15 +224,17 @@ impl<V: Verbs> Server<V> {
             header,
             data,
             admin: cid == 0,
-            port: self.port_of(path),
+            port,
         });
     }
 
     pub(super) fn note_protocol_error(&mut self, path: u16) {
-        let slot = &mut self.paths[usize::from(path)];
+        let slot = &mut self.server.paths[usize::from(path)];
         slot.stats.protocol_errors += 1;
         if let Some(session) = slot.session {
-            self.sessions[usize::from(session)].stats.protocol_errors += 1;
+            self.server.sessions[usize::from(session)]
+                .stats
+                .protocol_errors += 1;
         }
     }
 
@@ -237,8 +243,8 @@ impl<V: Verbs> Server<V> {
         let port = self.port_of(path);
         let index = usize::from(path);
         let id = self.path_id(path);
-        let invalidate_mode = self.config.always_invalidate;
-        let slot = &self.paths[index];
+        let invalidate_mode = self.server.config.always_invalidate;
+        let slot = &self.server.paths[index];
         let Some(chunk_slot) = slot.chunks.get(usize::from(chunk)) else {
             return;
         };
@@ -249,7 +255,7 @@ impl<V: Verbs> Server<V> {
         };
         if chunk_slot.sends_in_flight > 0 {
             // The previous response of this chunk still owns its memory.
-            self.paths[index].chunks[usize::from(chunk)].state =
+            self.server.paths[index].chunks[usize::from(chunk)].state =
                 IoState::WaitingForPreviousCompletion(response);
             return;
         }
@@ -268,13 +274,13 @@ impl<V: Verbs> Server<V> {
                 Ok(fresh) => {
                     rkey = fresh;
                     response.rekeyed = true;
-                    let chunk_slot = &mut self.paths[index].chunks[usize::from(chunk)];
+                    let chunk_slot = &mut self.server.paths[index].chunks[usize::from(chunk)];
                     chunk_slot.region.rkey = fresh;
                 }
                 Err(verbs::RegError::Busy) => {
-                    self.paths[index].chunks[usize::from(chunk)].state =
+                    self.server.paths[index].chunks[usize::from(chunk)].state =
                         IoState::WaitingForPreviousCompletion(response);
-                    self.pending = true;
+                    self.server.pending = true;
                     return;
                 }
                 Err(_) => {
@@ -365,13 +371,13 @@ impl<V: Verbs> Server<V> {
             Ok(()) => {
                 let is_read = read.is_some();
                 let errno = response.errno;
-                let slot = &mut self.paths[index];
+                let slot = &mut self.server.paths[index];
                 let chunk_slot = &mut slot.chunks[usize::from(chunk)];
                 chunk_slot.state = IoState::Idle;
                 chunk_slot.sends_in_flight += 1;
                 let session = slot
                     .session
-                    .and_then(|s| self.sessions.get_mut(usize::from(s)));
+                    .and_then(|s| self.server.sessions.get_mut(usize::from(s)));
                 let both = [Some(&mut slot.stats), session.map(|s| &mut s.stats)];
                 for stats in both.into_iter().flatten() {
                     if errno != 0 {
@@ -385,9 +391,9 @@ impl<V: Verbs> Server<V> {
                 }
             }
             Err(PostError::QueueFull) => {
-                self.paths[index].chunks[usize::from(chunk)].state =
+                self.server.paths[index].chunks[usize::from(chunk)].state =
                     IoState::WaitingForSendQueue(response);
-                self.pending = true;
+                self.server.pending = true;
             }
             Err(_) => self.begin_close(path, CloseReason::PostFailed, now),
         }
@@ -395,7 +401,7 @@ impl<V: Verbs> Server<V> {
 
     pub(super) fn response_done(&mut self, path: u16, chunk: u16, now: u64) {
         let index = usize::from(path);
-        let Some(slot) = self.paths[index].chunks.get_mut(usize::from(chunk)) else {
+        let Some(slot) = self.server.paths[index].chunks.get_mut(usize::from(chunk)) else {
             return;
         };
         slot.sends_in_flight = slot.sends_in_flight.saturating_sub(1);

@@ -11,7 +11,9 @@
 //!
 //! # Reading order
 //!
-//! This file holds the [`Server`] and its poll loop; the rest is one file
+//! This file holds the [`Server`], its poll loop and `Lent` (the server
+//! with the ports of one call, on which every internal step runs); the
+//! rest is one file
 //! per concern: [`config`](ServerConfig) and the public `types` (ids,
 //! events, counters), `connect` (CON_REQ: half-open paths, their limits,
 //! reconnects), `admission` ([`Admission`]: who may carry a session,
@@ -38,14 +40,20 @@
 //!
 //! # Ports
 //!
-//! One server owns one or more *ports*: verbs providers of the same type
-//! `V`, one per interface (one software HCA with its own MAC and IP each),
-//! given to [`Server::with_ports`] ([`Server::new`] is the one-port case).
-//! They form one RTRS server, as Linux's rtrs-srv is one server over every
-//! RDMA device: [`Server::start`] listens on [`ServerConfig::port`] on each
-//! port, and a CON_REQ finds its session by `paths_uuid` whatever port it
-//! came in on (rtrs.md §2.4 step 4), so the paths of a multipath client
-//! that reach the target over different interfaces form one session.
+//! One server serves one or more *ports*: verbs providers of the same type
+//! `V`, one per interface (one software HCA with its own MAC and IP each).
+//! The server does not own them: like a smoltcp `Interface` polled with its
+//! `Device`, it is built without ports ([`Server::new`]) and every call
+//! that touches the fabric is lent them as `&mut [V]` ([`Server::start`],
+//! [`Server::poll`], [`Server::complete_io`], [`Server::close_path`],
+//! [`Server::close_all`]), the same ports in the same order each time, so
+//! the owner of the run loop (the engine) keeps its HCAs and reads an IO's
+//! memory from them directly. They form one RTRS server, as Linux's
+//! rtrs-srv is one server over every RDMA device: [`Server::start`] listens
+//! on [`ServerConfig::port`] on each port, and a CON_REQ finds its session
+//! by `paths_uuid` whatever port it came in on (rtrs.md §2.4 step 4), so
+//! the paths of a multipath client that reach the target over different
+//! interfaces form one session.
 //!
 //! * A path lives on the port its cid 0 ... cid_num-1 come in on: every
 //!   connection of a path must arrive on the same port; one for a path
@@ -58,9 +66,8 @@
 //!   path its work request id names.
 //! * A path's chunk pool and control buffers are allocated from, registered
 //!   on and freed on its port. [`Event::PathUp`] and [`Event::Io`] carry the
-//!   `port`: the consumer reads the header and data of an IO through
-//!   [`Server::port`] / [`Server::port_mut`]; [`Server::path_port`] answers
-//!   for a live path. [`Server::verbs`] is port 0.
+//!   `port`: the consumer reads the header and data of an IO from its own
+//!   `ports[port]`; [`Server::path_port`] answers for a live path.
 //! * Heartbeats, close deadlines, [`Server::close_path`],
 //!   [`Server::close_all`], the stats and [`Server::usage`] cover every
 //!   port.
@@ -68,7 +75,7 @@
 //! # Memory
 //!
 //! All tables (sessions, paths, connections, the per-chunk IO table, the
-//! event queue) are allocated once in [`Server::with_ports`] from the
+//! event queue) are allocated once in [`Server::new`] from the
 //! [`ServerConfig`] capacities (they do not grow with the port count);
 //! nothing allocates afterwards. Registered memory comes from the pool of
 //! the path's port ([`Verbs::alloc`]): the INFO_REQ receive buffer when a
@@ -195,14 +202,16 @@ extern crate alloc;
 
 use alloc::collections::VecDeque;
 use alloc::vec::Vec;
+use core::marker::PhantomData;
+use core::ops::{Deref, DerefMut};
 
-use verbs::{ConnId, ConnectError, Verbs, WcStatus, WorkCompletion, WrId};
+use verbs::{ConnId, Verbs, WcStatus, WorkCompletion, WrId};
 
 use crate::link;
 use crate::wire::ImmLayout;
 
 pub use self::admission::{Admission, AdmitAll, PathRefusal, PathRequest};
-pub use self::config::{ConfigError, ServerConfig};
+pub use self::config::{ConfigError, ServerConfig, StartError};
 pub use self::table::{IoState, ReadData};
 use self::table::{PathSlot, PathState, Response, SessionSlot};
 pub use self::types::{
@@ -288,11 +297,19 @@ struct Connection {
 }
 
 /// The RTRS server over one or more verbs providers ("ports") of type `V`.
+///
+/// The server does not own its ports: the owner of the run loop keeps them
+/// (one per interface) and lends them to every call that touches the
+/// fabric ([`start`](Self::start), [`poll`](Self::poll),
+/// [`complete_io`](Self::complete_io), [`close_path`](Self::close_path),
+/// [`close_all`](Self::close_all)), always the same ports in the same order
+/// (port `i` is `ports[i]`). The tables hold handles (connection ids,
+/// memory regions) of those providers, hence the type parameter.
 pub struct Server<V: Verbs> {
-    /// The ports (one provider per interface); never empty.
-    ports: Vec<V>,
     config: ServerConfig,
     layout: ImmLayout,
+    /// How many ports [`start`](Self::start) was given.
+    port_count: usize,
     /// Ports `0..listening` listen on `config.port`.
     listening: usize,
     /// Port the next `poll` starts with (round robin).
@@ -307,34 +324,41 @@ pub struct Server<V: Verbs> {
     stats: ServerStats,
     /// Any path with parked work (send-queue room, acks, closing).
     pending: bool,
+    /// The handles in the tables are `V`'s.
+    provider: PhantomData<fn(&mut V)>,
+}
+
+/// The server with the ports of one call lent to it: every internal step
+/// that posts, allocates or reads memory runs on this (modules `connect`,
+/// `info`, `io`, `pool`, `close`, `timers`, `admission`). It dereferences
+/// to the [`Server`], so the tables read as `self.paths`.
+struct Lent<'a, V: Verbs> {
+    server: &'a mut Server<V>,
+    ports: &'a mut [V],
+}
+
+impl<V: Verbs> Deref for Lent<'_, V> {
+    type Target = Server<V>;
+    fn deref(&self) -> &Server<V> {
+        self.server
+    }
+}
+
+impl<V: Verbs> DerefMut for Lent<'_, V> {
+    fn deref_mut(&mut self) -> &mut Server<V> {
+        self.server
+    }
 }
 
 impl<V: Verbs> Server<V> {
-    /// Builds a one-port server (the provider is port 0) and allocates every
-    /// table once; the same as [`with_ports`](Self::with_ports) with one
-    /// provider. Registered memory is taken from `verbs` per path, later.
+    /// Builds a server and allocates every table once (they do not depend
+    /// on the number of ports). Registered memory is taken from the ports
+    /// per path, later.
     ///
     /// # Errors
     ///
     /// [`ConfigError`] for parameters the protocol cannot carry.
-    pub fn new(verbs: V, config: ServerConfig) -> Result<Self, ConfigError> {
-        Self::with_ports(alloc::vec![verbs], config)
-    }
-
-    /// Builds a server over several ports (one provider per interface, port
-    /// `i` is `ports[i]`) and allocates every table once. All ports form one
-    /// RTRS server: a session's paths may arrive on different ports. A
-    /// path's registered memory is taken from the port its connections
-    /// arrive on, later.
-    ///
-    /// # Errors
-    ///
-    /// [`ConfigError::NoPorts`] for an empty `ports`; otherwise
-    /// [`ConfigError`] for parameters the protocol cannot carry.
-    pub fn with_ports(ports: Vec<V>, config: ServerConfig) -> Result<Self, ConfigError> {
-        if ports.is_empty() {
-            return Err(ConfigError::NoPorts);
-        }
+    pub fn new(config: ServerConfig) -> Result<Self, ConfigError> {
         let layout = config.check()?;
         // Twice the open sessions: a closed session lingers while its paths
         // drain, and a reconnect of it opens a new one meanwhile.
@@ -350,9 +374,9 @@ impl<V: Verbs> Server<V> {
         let connections =
             Vec::with_capacity(path_count * usize::from(config.max_connections_per_path));
         Ok(Self {
-            ports,
             config,
             layout,
+            port_count: 0,
             listening: 0,
             next_port: 0,
             sessions,
@@ -361,19 +385,49 @@ impl<V: Verbs> Server<V> {
             events: VecDeque::with_capacity(config.event_capacity),
             stats: ServerStats::default(),
             pending: false,
+            provider: PhantomData,
         })
     }
 
-    /// Starts listening on the configured RDMA CM port on every port
-    /// (`Idle -> Listening`). If a port fails, the ports before it stay
+    /// Lends `ports` to one call.
+    ///
+    /// # Panics
+    ///
+    /// If `ports` has fewer ports than [`start`](Self::start) was given (a
+    /// caller that lends other ports than it started with).
+    fn lend<'a>(&'a mut self, ports: &'a mut [V]) -> Lent<'a, V> {
+        assert!(
+            ports.len() >= self.port_count,
+            "the server was started on {} ports, lent {}",
+            self.port_count,
+            ports.len()
+        );
+        Lent {
+            server: self,
+            ports,
+        }
+    }
+
+    /// Starts listening on the configured RDMA CM port on every one of
+    /// `ports` (`Idle -> Listening`); they are the server's ports from now
+    /// on: every later call is lent the same ones in the same order. All of
+    /// them form one RTRS server: a session's paths may arrive on different
+    /// ports, and a path's registered memory is taken from the port its
+    /// connections arrive on. If a port fails, the ports before it stay
     /// listening and a later call continues with the failed one.
     ///
     /// # Errors
     ///
-    /// The first failing provider's [`ConnectError`].
-    pub fn start(&mut self) -> Result<(), ConnectError> {
-        while let Some(port) = self.ports.get_mut(self.listening) {
-            port.listen(self.config.port)?;
+    /// [`StartError::NoPorts`] for an empty `ports` (nothing listens), or
+    /// [`StartError::Listen`] with the first failing provider's
+    /// [`ConnectError`](verbs::ConnectError).
+    pub fn start(&mut self, ports: &mut [V]) -> Result<(), StartError> {
+        if ports.is_empty() {
+            return Err(StartError::NoPorts);
+        }
+        self.port_count = self.port_count.max(ports.len());
+        while let Some(port) = ports.get_mut(self.listening) {
+            port.listen(self.config.port).map_err(StartError::Listen)?;
             self.listening += 1;
         }
         Ok(())
@@ -381,7 +435,7 @@ impl<V: Verbs> Server<V> {
 
     /// Whether [`start`](Self::start) succeeded on every port.
     pub fn is_listening(&self) -> bool {
-        self.listening == self.ports.len()
+        self.port_count > 0 && self.listening == self.port_count
     }
 
     /// The configuration.
@@ -389,32 +443,9 @@ impl<V: Verbs> Server<V> {
         &self.config
     }
 
-    /// Port 0's provider: the only one of a server built with
-    /// [`new`](Self::new). With several ports, read an event's memory
-    /// through [`port`](Self::port) with the event's `port`.
-    pub fn verbs(&self) -> &V {
-        &self.ports[0]
-    }
-
-    /// Port 0's provider, mutable (see [`verbs`](Self::verbs)).
-    pub fn verbs_mut(&mut self) -> &mut V {
-        &mut self.ports[0]
-    }
-
-    /// How many ports the server has (at least 1).
+    /// How many ports the server was started on.
     pub fn port_count(&self) -> usize {
-        self.ports.len()
-    }
-
-    /// Port `index`'s provider (read an event's header and data through its
-    /// `Memory`), `None` beyond [`port_count`](Self::port_count).
-    pub fn port(&self, index: usize) -> Option<&V> {
-        self.ports.get(index)
-    }
-
-    /// Port `index`'s provider, mutable (fill read data into a chunk).
-    pub fn port_mut(&mut self, index: usize) -> Option<&mut V> {
-        self.ports.get_mut(index)
+        self.port_count
     }
 
     /// The port a live path's connections (and its chunk memory) are on.
@@ -520,73 +551,43 @@ impl<V: Verbs> Server<V> {
     /// `admission` decides, at each path's INFO_REQ, whether the path may
     /// carry its session (see [`Admission`]); nothing of a session exists
     /// before it said yes.
-    pub fn poll(&mut self, now: u64, admission: &mut impl Admission) -> bool {
-        let mut busy = false;
-        let count = self.ports.len();
-        let start = self.next_port % count;
-        self.next_port = (start + 1) % count;
-        let (mut handled, mut empty, mut visit) = (0, 0, 0);
-        while handled < self.config.cm_budget && empty < count && self.event_room() {
-            let port = (start + visit) % count;
-            visit += 1;
-            let Some(event) = self.ports[port].poll_cm_event() else {
-                empty += 1;
-                continue;
-            };
-            empty = 0;
-            handled += 1;
-            busy = true;
-            self.handle_cm_event(port, event, now);
+    ///
+    /// `ports` are the ports given to [`start`](Self::start), in the same
+    /// order.
+    pub fn poll(&mut self, now: u64, ports: &mut [V], admission: &mut impl Admission) -> bool {
+        if self.port_count == 0 {
+            return false;
         }
-        let (mut done, mut empty, mut visit) = (0, 0, 0);
-        let mut batch = [WorkCompletion::default(); COMPLETION_BATCH];
-        while done < self.config.completion_budget && empty < count && self.event_room() {
-            let port = (start + visit) % count;
-            visit += 1;
-            let want = batch.len().min(self.config.completion_budget - done);
-            // Keep room for two events per completion.
-            let room = (self.config.event_capacity - self.events.len()) / 2;
-            let want = want.min(room.max(1));
-            let got = self.ports[port].poll_cq(&mut batch[..want]);
-            if got == 0 {
-                empty += 1;
-                continue;
-            }
-            empty = 0;
-            busy = true;
-            done += got;
-            for wc in &batch[..got] {
-                self.handle_completion(port, *wc, now, admission);
-            }
-        }
-        busy |= self.run_timers_and_parked(now);
-        busy
+        self.lend(ports).poll(now, admission)
     }
 
     /// Closes a path on request (admin action).
-    pub fn close_path(&mut self, path: PathId, now: u64) {
+    pub fn close_path(&mut self, path: PathId, now: u64, ports: &mut [V]) {
         if self.path(path).is_some() {
-            self.begin_close(path.index, CloseReason::Local, now);
+            self.lend(ports)
+                .begin_close(path.index, CloseReason::Local, now);
         }
     }
 
     /// Closes every path (shutdown). Paths free themselves as their
     /// connections go and the consumer answers what it holds; poll until
     /// [`usage`](Self::usage) is all zero.
-    pub fn close_all(&mut self, now: u64) {
-        for index in 0..self.paths.len() {
-            self.begin_close(index as u16, CloseReason::Local, now);
-            self.maybe_free_path(index as u16);
+    pub fn close_all(&mut self, now: u64, ports: &mut [V]) {
+        let mut lent = self.lend(ports);
+        for index in 0..lent.paths.len() {
+            lent.begin_close(index as u16, CloseReason::Local, now);
+            lent.maybe_free_path(index as u16);
         }
     }
 
     /// Answers request `token` with `errno` (0 = success, otherwise the
     /// positive errno; above [`MAX_RESPONSE_ERRNO`] is sent as EIO). For a
-    /// successful read, `read_data` says where the bytes are. The response
-    /// goes out at once, or as soon as send-queue room / the chunk's
-    /// previous response allow (see [`IoState`]). If the path is closing
-    /// the answer is accepted and dropped. A read SGL the provider refuses
-    /// when the response is posted closes the path (`PostFailed`).
+    /// successful read, `read_data` says where the bytes are (in the
+    /// memory of the request's port). The response goes out at once on
+    /// `ports`, or as soon as send-queue room / the chunk's previous
+    /// response allow (see [`IoState`]). If the path is closing the answer
+    /// is accepted and dropped. A read SGL the provider refuses when the
+    /// response is posted closes the path (`PostFailed`).
     ///
     /// # Errors
     ///
@@ -598,46 +599,9 @@ impl<V: Verbs> Server<V> {
         errno: u16,
         read_data: ReadData,
         now: u64,
+        ports: &mut [V],
     ) -> Result<(), CompleteError> {
-        let index = usize::from(token.path.index);
-        let path = self
-            .path_mut(token.path)
-            .ok_or(CompleteError::UnknownRequest)?;
-        let closing = matches!(path.state, PathState::Closing { .. });
-        let chunk = path
-            .chunks
-            .get_mut(usize::from(token.chunk))
-            .ok_or(CompleteError::UnknownRequest)?;
-        if chunk.generation != token.generation {
-            return Err(CompleteError::UnknownRequest);
-        }
-        let IoState::WaitingForConsumer { cid, read } = chunk.state else {
-            return Err(CompleteError::UnknownRequest);
-        };
-        let errno = if errno > MAX_RESPONSE_ERRNO {
-            errno::EIO
-        } else {
-            errno
-        };
-        if let (ReadData::Sgl(sgl), Some(read)) = (&read_data, read) {
-            if errno == 0 && sgl.total_len() != Some(read.len) {
-                return Err(CompleteError::ReadLengthMismatch);
-            }
-        }
-        if closing {
-            chunk.state = IoState::Idle;
-            self.maybe_free_path(token.path.index);
-            return Ok(());
-        }
-        chunk.state = IoState::WaitingForSendQueue(Response {
-            cid,
-            errno,
-            read,
-            data: read_data,
-            rekeyed: false,
-        });
-        self.try_respond(index as u16, token.chunk, now);
-        Ok(())
+        self.lend(ports).complete_io(token, errno, read_data, now)
     }
 
     // ----- internals: lookup -------------------------------------------------
@@ -703,6 +667,99 @@ impl<V: Verbs> Server<V> {
         } else {
             self.stats.events_dropped += 1;
         }
+    }
+}
+
+impl<V: Verbs> Lent<'_, V> {
+    fn poll(&mut self, now: u64, admission: &mut impl Admission) -> bool {
+        let mut busy = false;
+        let count = self.server.port_count;
+        let start = self.server.next_port % count;
+        self.server.next_port = (start + 1) % count;
+        let (mut handled, mut empty, mut visit) = (0, 0, 0);
+        while handled < self.server.config.cm_budget && empty < count && self.event_room() {
+            let port = (start + visit) % count;
+            visit += 1;
+            let Some(event) = self.ports[port].poll_cm_event() else {
+                empty += 1;
+                continue;
+            };
+            empty = 0;
+            handled += 1;
+            busy = true;
+            self.handle_cm_event(port, event, now);
+        }
+        let (mut done, mut empty, mut visit) = (0, 0, 0);
+        let mut batch = [WorkCompletion::default(); COMPLETION_BATCH];
+        while done < self.server.config.completion_budget && empty < count && self.event_room() {
+            let port = (start + visit) % count;
+            visit += 1;
+            let want = batch.len().min(self.server.config.completion_budget - done);
+            // Keep room for two events per completion.
+            let room = (self.server.config.event_capacity - self.server.events.len()) / 2;
+            let want = want.min(room.max(1));
+            let got = self.ports[port].poll_cq(&mut batch[..want]);
+            if got == 0 {
+                empty += 1;
+                continue;
+            }
+            empty = 0;
+            busy = true;
+            done += got;
+            for wc in &batch[..got] {
+                self.handle_completion(port, *wc, now, admission);
+            }
+        }
+        busy |= self.run_timers_and_parked(now);
+        busy
+    }
+
+    fn complete_io(
+        &mut self,
+        token: IoToken,
+        errno: u16,
+        read_data: ReadData,
+        now: u64,
+    ) -> Result<(), CompleteError> {
+        let index = usize::from(token.path.index);
+        let path = self
+            .path_mut(token.path)
+            .ok_or(CompleteError::UnknownRequest)?;
+        let closing = matches!(path.state, PathState::Closing { .. });
+        let chunk = path
+            .chunks
+            .get_mut(usize::from(token.chunk))
+            .ok_or(CompleteError::UnknownRequest)?;
+        if chunk.generation != token.generation {
+            return Err(CompleteError::UnknownRequest);
+        }
+        let IoState::WaitingForConsumer { cid, read } = chunk.state else {
+            return Err(CompleteError::UnknownRequest);
+        };
+        let errno = if errno > MAX_RESPONSE_ERRNO {
+            errno::EIO
+        } else {
+            errno
+        };
+        if let (ReadData::Sgl(sgl), Some(read)) = (&read_data, read) {
+            if errno == 0 && sgl.total_len() != Some(read.len) {
+                return Err(CompleteError::ReadLengthMismatch);
+            }
+        }
+        if closing {
+            chunk.state = IoState::Idle;
+            self.maybe_free_path(token.path.index);
+            return Ok(());
+        }
+        chunk.state = IoState::WaitingForSendQueue(Response {
+            cid,
+            errno,
+            read,
+            data: read_data,
+            rekeyed: false,
+        });
+        self.try_respond(index as u16, token.chunk, now);
+        Ok(())
     }
 
     // ----- completions ---------------------------------------------------------

@@ -4,10 +4,10 @@
 use verbs::{AccessFlags, MemoryRegion, Verbs};
 
 use super::table::ChunkSlot;
-use super::{ConnectRefusal, Server};
+use super::{ConnectRefusal, Lent};
 use crate::wire::{InfoReq, RkeyRsp};
 
-impl<V: Verbs> Server<V> {
+impl<V: Verbs> Lent<'_, V> {
     /// Allocates and registers one buffer of `len` bytes on `port`.
     fn register(
         verbs: &mut V,
@@ -27,9 +27,9 @@ impl<V: Verbs> Server<V> {
     /// The INFO_REQ receive buffer of a new path (rtrs.md §2.4 step 6): all
     /// a half-open path holds besides its connections.
     pub(super) fn allocate_info_req(&mut self, index: usize) -> Result<(), ConnectRefusal> {
-        let verbs = &mut self.ports[self.paths[index].port];
+        let verbs = &mut self.ports[self.server.paths[index].port];
         let region = Self::register(verbs, InfoReq::LEN as u32, 64, AccessFlags::LOCAL_WRITE)?;
-        self.paths[index].info_req = Some(region);
+        self.server.paths[index].info_req = Some(region);
         Ok(())
     }
 
@@ -38,19 +38,19 @@ impl<V: Verbs> Server<V> {
     /// before a failure stays with the path and goes with
     /// [`release_pool`](Self::release_pool).
     pub(super) fn allocate_pool(&mut self, index: usize) -> Result<(), ConnectRefusal> {
-        let config = self.config;
-        let verbs = &mut self.ports[self.paths[index].port];
+        let config = self.server.config;
+        let verbs = &mut self.ports[self.server.paths[index].port];
         let remote = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
         for _ in 0..config.queue_depth {
             let region = Self::register(verbs, config.chunk_size, 4096, remote)?;
-            self.paths[index].chunks.push(ChunkSlot::new(region));
+            self.server.paths[index].chunks.push(ChunkSlot::new(region));
         }
         let info_rsp_len = 8 + 16 * u32::from(config.queue_depth);
         let region = Self::register(verbs, info_rsp_len, 64, AccessFlags::EMPTY)?;
-        self.paths[index].info_rsp = Some(region);
+        self.server.paths[index].info_rsp = Some(region);
         let rkey_len = RkeyRsp::LEN as u32 * u32::from(config.queue_depth);
         let region = Self::register(verbs, rkey_len, 64, AccessFlags::EMPTY)?;
-        self.paths[index].rkey_rsp = Some(region);
+        self.server.paths[index].rkey_rsp = Some(region);
         Ok(())
     }
 
@@ -58,7 +58,7 @@ impl<V: Verbs> Server<V> {
     /// pinned.
     pub(super) fn release_pool(&mut self, index: usize) -> bool {
         let mut all = true;
-        let path = &mut self.paths[index];
+        let path = &mut self.server.paths[index];
         let verbs = &mut self.ports[path.port];
         while let Some(chunk) = path.chunks.pop() {
             if verbs.free(chunk.region.handle).is_err() {

@@ -4,55 +4,55 @@
 use verbs::{SendWr, Verbs};
 
 use super::table::PathState;
-use super::{wr_id, CloseReason, IoState, PathId, Server, WrKind};
+use super::{wr_id, CloseReason, IoState, Lent, PathId, WrKind};
 use crate::link::{self, Beat};
 use crate::wire::Imm;
 
-impl<V: Verbs> Server<V> {
+impl<V: Verbs> Lent<'_, V> {
     // ----- heartbeats and parked work ------------------------------------------
 
     pub(super) fn send_heartbeat_ack(&mut self, path: u16) {
         let port = self.port_of(path);
         let index = usize::from(path);
         let id = self.path_id(path);
-        let Some(conn) = self.paths[index].conns.first().copied().flatten() else {
+        let Some(conn) = self.server.paths[index].conns.first().copied().flatten() else {
             return;
         };
         let wr = heartbeat_wr(id, Imm::HbAck);
         match self.ports[port].post_send(conn, &[wr]) {
             Ok(()) => {
-                let slot = &mut self.paths[index];
+                let slot = &mut self.server.paths[index];
                 slot.ack_pending = false;
                 slot.stats.heartbeats_acked += 1;
             }
-            Err(_) => self.pending = true,
+            Err(_) => self.server.pending = true,
         }
     }
 
     pub(super) fn run_timers_and_parked(&mut self, now: u64) -> bool {
         let mut busy = false;
-        let was_pending = core::mem::replace(&mut self.pending, false);
-        for index in 0..self.paths.len() {
+        let was_pending = core::mem::replace(&mut self.server.pending, false);
+        for index in 0..self.server.paths.len() {
             let path = index as u16;
-            match self.paths[index].state {
+            match self.server.paths[index].state {
                 PathState::Connected => {
                     if was_pending {
                         busy |= self.retry_parked(path, now);
                     }
-                    if now >= self.paths[index].heartbeat.next() && self.event_room() {
+                    if now >= self.server.paths[index].heartbeat.next() && self.event_room() {
                         busy = true;
                         self.heartbeat_tick(path, now);
                     }
                 }
-                PathState::Connecting if now >= self.paths[index].setup_deadline => {
+                PathState::Connecting if now >= self.server.paths[index].setup_deadline => {
                     busy = true;
                     self.begin_close(path, CloseReason::SetupTimeout, now);
                     self.maybe_free_path(path);
                 }
                 PathState::Closing { deadline } => {
                     if now >= deadline {
-                        for cid in 0..self.paths[index].conns.len() {
-                            if let Some(conn) = self.paths[index].conns[cid] {
+                        for cid in 0..self.server.paths[index].conns.len() {
+                            if let Some(conn) = self.server.paths[index].conns[cid] {
                                 self.detach_conn(path, conn);
                             }
                         }
@@ -60,7 +60,7 @@ impl<V: Verbs> Server<V> {
                     // Otherwise a closing path advances on its CM events and
                     // the consumer's answers, or at the deadline: no spinning.
                     self.maybe_free_path(path);
-                    if self.paths[index].state == PathState::Free {
+                    if self.server.paths[index].state == PathState::Free {
                         busy = true;
                     }
                 }
@@ -73,15 +73,15 @@ impl<V: Verbs> Server<V> {
     pub(super) fn retry_parked(&mut self, path: u16, now: u64) -> bool {
         let index = usize::from(path);
         let mut busy = false;
-        if self.paths[index].ack_pending {
+        if self.server.paths[index].ack_pending {
             self.send_heartbeat_ack(path);
             busy = true;
         }
-        for chunk in 0..self.paths[index].chunks.len() {
-            if !matches!(self.paths[index].state, PathState::Connected) {
+        for chunk in 0..self.server.paths[index].chunks.len() {
+            if !matches!(self.server.paths[index].state, PathState::Connected) {
                 break;
             }
-            match self.paths[index].chunks[chunk].state {
+            match self.server.paths[index].chunks[chunk].state {
                 IoState::WaitingForSendQueue(_) | IoState::WaitingForPreviousCompletion(_) => {
                     busy = true;
                     self.try_respond(path, chunk as u16, now);
@@ -101,22 +101,22 @@ impl<V: Verbs> Server<V> {
         let port = self.port_of(path);
         let index = usize::from(path);
         let (interval, max) = (
-            self.config.heartbeat_interval_ns,
-            self.config.heartbeat_missed_max,
+            self.server.config.heartbeat_interval_ns,
+            self.server.config.heartbeat_missed_max,
         );
-        match self.paths[index].heartbeat.tick(now, interval, max) {
+        match self.server.paths[index].heartbeat.tick(now, interval, max) {
             Beat::Dead => self.begin_close(path, CloseReason::HeartbeatTimeout, now),
             Beat::Quiet => {}
             Beat::Send => {
                 let id = self.path_id(path);
-                let Some(conn) = self.paths[index].conns.first().copied().flatten() else {
+                let Some(conn) = self.server.paths[index].conns.first().copied().flatten() else {
                     return;
                 };
                 if self.ports[port]
                     .post_send(conn, &[heartbeat_wr(id, Imm::HbMsg)])
                     .is_ok()
                 {
-                    self.paths[index].stats.heartbeats_sent += 1;
+                    self.server.paths[index].stats.heartbeats_sent += 1;
                 }
             }
         }

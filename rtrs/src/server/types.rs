@@ -107,7 +107,7 @@ pub enum Event {
         /// The client's address of the path's cid 0.
         remote: Option<SocketAddr>,
         /// The port the path's connections came in on (its memory lives
-        /// there; see [`Server::port`](super::Server::port)).
+        /// there: the consumer's `ports[port]`).
         port: usize,
     },
     /// A path was refused at INFO_REQ (the admission hook, the session
@@ -141,8 +141,8 @@ pub enum Event {
         token: IoToken,
         /// Read or write.
         direction: IoDirection,
-        /// The user (RNBD) header in the chunk: read it through
-        /// [`Server::port`](super::Server::port)`(port)` (`Memory::read`).
+        /// The user (RNBD) header in the chunk: read it from the
+        /// consumer's `ports[port]` (`Memory::read`).
         header: MemoryHandle,
         /// The data area at the chunk start (`offset - usr_len` bytes): the
         /// write data, or the room for read data; in `port`'s memory.
@@ -150,8 +150,8 @@ pub enum Event {
         /// Whether it came on cid 0 (RNBD control messages do).
         admin: bool,
         /// The port of the request's path: `header` and `data` are handles
-        /// of that provider's memory ([`Server::port`](super::Server::port) /
-        /// [`Server::port_mut`](super::Server::port_mut)).
+        /// of that provider's memory (the consumer's `ports[port]`, the
+        /// port it lends the server at that index).
         port: usize,
     },
 }

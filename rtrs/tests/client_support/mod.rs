@@ -717,6 +717,8 @@ pub struct Pair {
     pub fabric: Fabric,
     pub client: Client<LoopVerbs>,
     pub server: Server<LoopVerbs>,
+    /// The server's one port, lent to it on every call.
+    pub ports: [LoopVerbs; 1],
     pub now: u64,
     pub disk: Vec<u8>,
     /// Completions seen by the test, in order.
@@ -760,13 +762,15 @@ impl Pair {
     pub fn with_pool(server: ServerConfig, client: ClientConfig, pool: usize) -> Self {
         let ips = [server_addr(0).ip(), server_addr(1).ip()];
         let fabric = Fabric::new(&ips, pool);
-        let mut server = Server::new(fabric.verbs(1), server).expect("server config");
-        server.start().expect("listen");
+        let mut server = Server::new(server).expect("server config");
+        let mut ports = [fabric.verbs(1)];
+        server.start(&mut ports).expect("listen");
         let client = Client::new(fabric.verbs(0), client).expect("client config");
         Self {
             fabric,
             client,
             server,
+            ports,
             now: 1,
             disk: vec![0; 1 << 20],
             events: Vec::new(),
@@ -780,7 +784,7 @@ impl Pair {
     pub fn settle(&mut self) {
         for _ in 0..1000 {
             let mut busy = self.client.poll(self.now);
-            busy |= self.server.poll(self.now, &mut AdmitAll);
+            busy |= self.server.poll(self.now, &mut self.ports, &mut AdmitAll);
             busy |= self.fabric.run();
             while let Some(event) = self.server.next_event() {
                 busy = true;
@@ -818,12 +822,12 @@ impl Pair {
             return;
         };
         let mut h = vec![0u8; header.len() as usize];
-        self.server.verbs().read(*header, 0, &mut h).unwrap();
+        self.ports[0].read(*header, 0, &mut h).unwrap();
         let offset = u64::from_le_bytes(h[8..16].try_into().unwrap()) as usize;
         let errno = match direction {
             IoDirection::Write => {
                 let mut bytes = vec![0u8; data.len() as usize];
-                self.server.verbs().read(*data, 0, &mut bytes).unwrap();
+                self.ports[0].read(*data, 0, &mut bytes).unwrap();
                 self.disk[offset..offset + bytes.len()].copy_from_slice(&bytes);
                 if h[0] == b'E' {
                     5
@@ -833,13 +837,13 @@ impl Pair {
             }
             IoDirection::Read { read_len } => {
                 let bytes = self.disk[offset..offset + *read_len as usize].to_vec();
-                self.server.verbs_mut().write(*data, 0, &bytes).unwrap();
+                self.ports[0].write(*data, 0, &bytes).unwrap();
                 0
             }
         };
         let now = self.now;
         self.server
-            .complete_io(*token, errno, ReadData::Chunk, now)
+            .complete_io(*token, errno, ReadData::Chunk, now, &mut self.ports)
             .expect("complete");
     }
 

@@ -385,9 +385,11 @@ impl Admission for Policy {
     }
 }
 
-/// Server + mock + a clock.
+/// Server + its one mock port + a clock.
 pub struct Harness {
     pub server: Server<MockVerbs>,
+    /// The ports the server is lent (one).
+    pub ports: [MockVerbs; 1],
     pub now: u64,
     /// What `settle` admits.
     pub policy: Policy,
@@ -400,10 +402,12 @@ impl Harness {
     }
 
     pub fn with_pool(config: ServerConfig, pool: usize) -> Self {
-        let mut server = Server::new(MockVerbs::new(pool), config).expect("config");
-        server.start().expect("listen");
+        let mut server = Server::new(config).expect("config");
+        let mut ports = [MockVerbs::new(pool)];
+        server.start(&mut ports).expect("listen");
         Self {
             server,
+            ports,
             now: 1,
             policy: Policy::default(),
             next_conn: 100,
@@ -411,13 +415,16 @@ impl Harness {
     }
 
     pub fn mock(&mut self) -> &mut MockVerbs {
-        self.server.verbs_mut()
+        &mut self.ports[0]
     }
 
     /// Polls until idle (bounded).
     pub fn settle(&mut self) {
         for _ in 0..64 {
-            if !self.server.poll(self.now, &mut self.policy) {
+            if !self
+                .server
+                .poll(self.now, &mut self.ports, &mut self.policy)
+            {
                 break;
             }
         }
@@ -468,13 +475,12 @@ impl Harness {
 
     /// Whether `conn` was accepted.
     pub fn was_accepted(&self, conn: ConnId) -> bool {
-        self.server.verbs().accepted.iter().any(|a| a.conn == conn)
+        self.ports[0].accepted.iter().any(|a| a.conn == conn)
     }
 
     /// The errno of the reject of `conn`, if rejected.
     pub fn reject_errno(&self, conn: ConnId) -> Option<i16> {
-        self.server
-            .verbs()
+        self.ports[0]
             .rejected
             .iter()
             .find(|(c, _)| *c == conn)
@@ -654,6 +660,6 @@ pub fn token(event: &Event) -> IoToken {
 pub fn complete_ok(h: &mut Harness, token: IoToken) {
     let now = h.now;
     h.server
-        .complete_io(token, 0, ReadData::Chunk, now)
+        .complete_io(token, 0, ReadData::Chunk, now, &mut h.ports)
         .expect("complete");
 }
