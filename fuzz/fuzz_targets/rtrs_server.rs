@@ -6,7 +6,9 @@
 //! (WRITE and READ messages into the chunks the INFO_RSP gave, or any
 //! immediate), heartbeats, IO completions with any errno, connection
 //! events (established, disconnected, rejected, unreachable), failed
-//! receive completions, time jumps, `close_all`.
+//! receive completions, time jumps, `close_all`, admission rules (by
+//! session name and client address), with a half-open table smaller than
+//! the connections the script can open.
 //!
 //! Invariants: no panic; the server holds no more sessions than its
 //! configuration allows and no connection the provider does not have.
@@ -21,6 +23,7 @@ use libfuzzer_sys::fuzz_target;
 use rtrs::server::{Event, IoToken, ReadData};
 use rtrs::wire::{BufferDesc, Imm, ImmLayout, InfoReq, InfoRsp, ReadFlags, ReadMsg, WriteMsg};
 use server_support::{con_req, small_config, Harness, SECOND};
+use std::net::{IpAddr, Ipv4Addr};
 use verbs::{
     CmEvent, ConnId, PrivateData, RejectReason, Rkey, SendOp, WcOpcode, WcStatus, WorkCompletion,
 };
@@ -307,20 +310,40 @@ fn op(fuzz: &mut Fuzz, script: &mut Script<'_>) {
                 ));
             }
         }
-        _ => {
-            if script.u8() == 0 {
+        _ => match script.u8() {
+            0 => {
                 let now = fuzz.h.now;
                 fuzz.h.server.close_all(now);
-            } else {
+            }
+            // The admission rules: all, only session s1, or only s1 from
+            // one path's client address (10.0.<path uuid byte>.2).
+            1 => {
+                let rules = &mut fuzz.h.policy.rules;
+                rules.clear();
+                match script.below(3) {
+                    0 => {}
+                    1 => rules.push(("s1".to_owned(), None)),
+                    _ => {
+                        let path = 1 + script.below(PATHS as u8);
+                        let source = Ipv4Addr::new(10, 0, path, 2);
+                        rules.push(("s1".to_owned(), Some(IpAddr::V4(source))));
+                    }
+                }
+            }
+            _ => {
                 fuzz.h.now += u64::from(script.u8()).pow(2) * SECOND / 100;
             }
-        }
+        },
     }
 }
 
 fuzz_target!(|input: &[u8]| {
     let mut script = Script::new(input);
-    let config = small_config();
+    let mut config = small_config();
+    // Below the 16 connections the script can open (two sessions, two
+    // paths each, four cids), so the half-open table fills and evicts.
+    config.max_half_open = 6;
+    config.max_half_open_per_source = 4;
     let mut fuzz = Fuzz {
         h: Harness::new(config),
         paths: (0..PATHS).map(|_| ClientPath::default()).collect(),
