@@ -78,7 +78,7 @@ impl Fuzz {
             usage.sessions,
             config.max_sessions
         );
-        let live = self.h.server.verbs().live.len();
+        let live = self.h.ports[0].live.len();
         assert!(
             usage.connections <= live,
             "the server holds {} connections, the provider has {live}",
@@ -264,10 +264,10 @@ fn op(fuzz: &mut Fuzz, script: &mut Script<'_>) {
             let token = fuzz.tokens.swap_remove(at);
             let errno = if script.u8() < 200 { 0 } else { script.u16() };
             let now = fuzz.h.now;
-            let _ = fuzz
-                .h
+            let h = &mut fuzz.h;
+            let _ = h
                 .server
-                .complete_io(token, errno, ReadData::Chunk, now);
+                .complete_io(token, errno, ReadData::Chunk, now, &mut h.ports);
         }
         // A connection event.
         10 => {
@@ -313,7 +313,8 @@ fn op(fuzz: &mut Fuzz, script: &mut Script<'_>) {
         _ => match script.u8() {
             0 => {
                 let now = fuzz.h.now;
-                fuzz.h.server.close_all(now);
+                let h = &mut fuzz.h;
+                h.server.close_all(now, &mut h.ports);
             }
             // The admission rules: all, only session s1, or only s1 from
             // one path's client address (10.0.<path uuid byte>.2).
