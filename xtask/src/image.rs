@@ -585,6 +585,21 @@ struct BootCase {
     expect: &'static str,
 }
 
+/// The `[limits]` of every manifest the judge boots the image with (the
+/// boot checks, the UEFI cases, the image beds without limits of their
+/// own): 4 sessions at queue depth 128 and 9 connections per path (the
+/// judge's 2-CPU Linux clients open 3; 9 serve a client of up to 8 CPUs),
+/// which the boot checks' 512 MiB guest holds beside the half-open
+/// budget. The default limits (16 sessions of 4 paths at queue depth 512,
+/// 65 connections each) need more than 4 GiB: `brick manifest check` says
+/// how much. A macro, so that `concat!` takes it.
+macro_rules! image_limits {
+    () => {
+        "\n[limits]\nmax_sessions = 4\nqueue_depth = 128\nmax_connections_per_path = 9\n"
+    };
+}
+pub(crate) use image_limits;
+
 /// A boot-check manifest: target `brick-image-check`, limits the check's
 /// guest can hold (4 sessions at queue depth 128, 9 connections per path),
 /// interface `eth0` (10.77.0.1/24), then `$body` (more interfaces, the
@@ -600,9 +615,9 @@ macro_rules! check_manifest {
     };
     ($body:expr) => {
         concat!(
-            "\n[target]\nname = \"brick-image-check\"\n\n\
-             [limits]\nmax_sessions = 4\nqueue_depth = 128\nmax_connections_per_path = 9\n\n\
-             [[interfaces]]\nname = \"eth0\"\nmac = \"52:54:00:77:00:01\"\naddress = \"10.77.0.1/24\"\n",
+            "\n[target]\nname = \"brick-image-check\"\n",
+            image_limits!(),
+            "\n[[interfaces]]\nname = \"eth0\"\nmac = \"52:54:00:77:00:01\"\naddress = \"10.77.0.1/24\"\n",
             $body,
             "\n[[access]]\nsessions = \"*\"\nvolumes = \"*\"\nmode = \"rw\"\n"
         )
@@ -675,13 +690,10 @@ address = "10.78.0.1/24"
 );
 
 /// A manifest whose RAM volumes (512 MiB) cannot fit in 256 MiB of guest,
-/// with limits the image can hold in the boot checks' 512 MiB guest (the
-/// example's defaults, 16 sessions of 4 paths at queue depth 512 with 65
-/// connections each, need more than 4 GiB: `brick manifest check` says how
-/// much). Nine connections per path serve a client of up to 8 CPUs.
+/// with the judge's image limits ([`image_limits`]).
 const TWO_RAM_VOLUMES: &str = concat!(
     include_str!("../../examples/two-ram-volumes.toml"),
-    "\n[limits]\nmax_sessions = 4\nqueue_depth = 128\nmax_connections_per_path = 9\n"
+    image_limits!()
 );
 
 /// The cases of the `image` suite (default tier): a clean boot, each

@@ -205,9 +205,7 @@ impl TargetKind {
 /// with a probe port has the probe limits instead (queue depth 384, see
 /// [`PROBE_QUEUE_DEPTH`]) and a second interface: ~1.4 GiB of guest
 /// ([`crate::image::guest_mib`] sizes it from the manifest).
-/// Nine connections per path: the judge's Linux clients (2 CPUs) open 3.
-const IMAGE_LIMITS: &str =
-    "\n[limits]\nmax_sessions = 4\nqueue_depth = 128\nmax_connections_per_path = 9\n";
+const IMAGE_LIMITS: &str = crate::image::image_limits!();
 /// What the image prints once its poll loop runs.
 const IMAGE_SERVING: &str = "[brick] serving after";
 

@@ -276,7 +276,8 @@ struct Case {
 /// The boot cases' manifest: a RAM volume and namespace 2 of the NVMe
 /// controller "brick-nvme0"; no NIC is attached, so a clean boot runs the
 /// checks and exits 33.
-const CASE_MANIFEST: &str = r#"
+const CASE_MANIFEST: &str = concat!(
+    r#"
 [target]
 name = "uefi-check"
 
@@ -284,12 +285,9 @@ name = "uefi-check"
 name = "eth0"
 mac = "52:54:00:77:00:01"
 address = "10.77.0.1/24"
-
-[limits]
-max_sessions = 4
-queue_depth = 128
-max_connections_per_path = 9
-
+"#,
+    crate::image::image_limits!(),
+    r#"
 [[volumes]]
 name = "vol0"
 kind = "ram"
@@ -305,7 +303,8 @@ namespace = 2
 sessions = "*"
 volumes = "*"
 mode = "rw"
-"#;
+"#
+);
 
 fn nothing(_: &Parts, _: &Path, _: &Path) -> Result<()> {
     Ok(())
