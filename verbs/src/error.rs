@@ -79,6 +79,9 @@ error_enum! {
         /// Posted work requests still pin the region; retry after their
         /// completions.
         Busy => "region pinned by in-flight work requests",
+        /// The provider cannot do this at all (re-keying on a userspace
+        /// verbs provider, which has no fast-register work request).
+        Unsupported => "not supported by this provider",
     }
 }
 
@@ -102,6 +105,9 @@ error_enum! {
         UnknownConnection => "unknown connection",
         /// The connection cannot take work requests in its current state.
         NotConnected => "connection not ready for work requests",
+        /// The provider cannot execute this operation (LOCAL_INV on a
+        /// userspace verbs provider).
+        Unsupported => "operation not supported by this provider",
     }
 }
 

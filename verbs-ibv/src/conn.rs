@@ -1,0 +1,201 @@
+//! The connection table: one rdma_cm id (and, once sized, one RC queue
+//! pair) per [`ConnId`], lookups by id and by queue-pair number, and the
+//! completion-queue budget every queue pair reserves from.
+
+use std::collections::HashMap;
+
+use verbs::{ConnId, PrivateData, RecvWr};
+
+use crate::ffi;
+
+/// Receives a passive connection may have posted before it is accepted
+/// (RTRS posts one, the INFO_REQ buffer of the service connection).
+pub(crate) const PENDING_RECV_PASSIVE: usize = 8;
+
+/// Where a connection stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum State {
+    /// Passive: the request arrived; no queue pair until `accept` sizes it.
+    Requested,
+    /// Passive: accepted, waiting for the RTU.
+    Accepted,
+    /// Active: resolving the address, then the route.
+    Resolving,
+    /// Active: the request is out.
+    Connecting,
+    /// Carries sends.
+    Established,
+    /// Disconnected, rejected or unreachable: waiting for `destroy`.
+    Down,
+}
+
+/// What an active connection connects with once its route is known.
+#[derive(Clone, Debug)]
+pub(crate) struct Dial {
+    pub(crate) private_data: PrivateData,
+    pub(crate) send_depth: u16,
+    pub(crate) recv_depth: u16,
+    pub(crate) retry_count: u8,
+    pub(crate) rnr_retry_count: u8,
+    pub(crate) responder_resources: u8,
+    pub(crate) initiator_depth: u8,
+}
+
+pub(crate) struct Conn {
+    pub(crate) id: *mut ffi::CmId,
+    pub(crate) state: State,
+    pub(crate) qpn: Option<u32>,
+    /// Receives posted before the queue pair exists, posted when it does.
+    pub(crate) pending: Vec<RecvWr>,
+    pub(crate) dial: Option<Dial>,
+    /// Completion-queue entries reserved by its queue pair.
+    pub(crate) reserved: u32,
+}
+
+const INDEX_BITS: u32 = 20;
+const INDEX_MASK: u32 = (1 << INDEX_BITS) - 1;
+
+pub(crate) struct Conns {
+    slots: Vec<Option<Conn>>,
+    generations: Vec<u32>,
+    free: Vec<u32>,
+    by_id: HashMap<usize, ConnId>,
+    by_qpn: HashMap<u32, ConnId>,
+    pub(crate) listeners: Vec<(u16, *mut ffi::CmId)>,
+    cq_budget: u32,
+    cq_used: u32,
+}
+
+impl Conns {
+    pub(crate) fn new(capacity: usize) -> Self {
+        let capacity = capacity.clamp(1, INDEX_MASK as usize);
+        Self {
+            slots: (0..capacity).map(|_| None).collect(),
+            generations: vec![0; capacity],
+            free: (0..capacity as u32).rev().collect(),
+            by_id: HashMap::with_capacity(capacity),
+            by_qpn: HashMap::with_capacity(capacity),
+            listeners: Vec::with_capacity(4),
+            cq_budget: 0,
+            cq_used: 0,
+        }
+    }
+
+    pub(crate) fn set_cq_budget(&mut self, entries: u32) {
+        self.cq_budget = entries;
+    }
+
+    /// Reserves `entries` completion-queue entries, if they are free.
+    pub(crate) fn reserve_cq(&mut self, entries: u32) -> bool {
+        match self.cq_used.checked_add(entries) {
+            Some(used) if used <= self.cq_budget => {
+                self.cq_used = used;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Returns entries a failed queue pair did not use.
+    pub(crate) fn release_cq(&mut self, entries: u32) {
+        self.cq_used = self.cq_used.saturating_sub(entries);
+    }
+
+    pub(crate) fn live(&self) -> usize {
+        self.by_id.len()
+    }
+
+    /// A new connection for `id`, or `None` if the table is full.
+    pub(crate) fn insert(
+        &mut self,
+        id: *mut ffi::CmId,
+        state: State,
+        pending: usize,
+    ) -> Option<ConnId> {
+        let index = self.free.pop()?;
+        let conn = ConnId((self.generations[index as usize] << INDEX_BITS) | index);
+        self.slots[index as usize] = Some(Conn {
+            id,
+            state,
+            qpn: None,
+            pending: Vec::with_capacity(pending),
+            dial: None,
+            reserved: 0,
+        });
+        self.by_id.insert(id as usize, conn);
+        Some(conn)
+    }
+
+    pub(crate) fn get(&self, conn: ConnId) -> Option<&Conn> {
+        let index = (conn.0 & INDEX_MASK) as usize;
+        let generation = conn.0 >> INDEX_BITS;
+        if self.generations.get(index) != Some(&generation) {
+            return None;
+        }
+        self.slots.get(index)?.as_ref()
+    }
+
+    pub(crate) fn get_mut(&mut self, conn: ConnId) -> Option<&mut Conn> {
+        let index = (conn.0 & INDEX_MASK) as usize;
+        let generation = conn.0 >> INDEX_BITS;
+        if self.generations.get(index) != Some(&generation) {
+            return None;
+        }
+        self.slots.get_mut(index)?.as_mut()
+    }
+
+    pub(crate) fn by_id(&self, id: *mut ffi::CmId) -> Option<ConnId> {
+        self.by_id.get(&(id as usize)).copied()
+    }
+
+    pub(crate) fn by_qpn(&self, qpn: u32) -> Option<ConnId> {
+        self.by_qpn.get(&qpn).copied()
+    }
+
+    pub(crate) fn set_qp(&mut self, conn: ConnId, qpn: u32, reserved: u32) {
+        if let Some(c) = self.get_mut(conn) {
+            c.qpn = Some(qpn);
+            c.reserved = reserved;
+            self.by_qpn.insert(qpn, conn);
+        }
+    }
+
+    /// Destroys the connection's queue pair and id and frees its slot.
+    pub(crate) fn remove(&mut self, conn: ConnId) -> bool {
+        let index = (conn.0 & INDEX_MASK) as usize;
+        let Some(c) = self.get(conn) else {
+            return false;
+        };
+        let (id, qpn, reserved) = (c.id, c.qpn, c.reserved);
+        // SAFETY: `id` is ours and destroyed once (its slot is cleared
+        // below); every event of it was acknowledged when read.
+        unsafe { ffi::bi_destroy(id) };
+        self.by_id.remove(&(id as usize));
+        if let Some(qpn) = qpn {
+            self.by_qpn.remove(&qpn);
+        }
+        self.cq_used = self.cq_used.saturating_sub(reserved);
+        self.slots[index] = None;
+        self.generations[index] = (self.generations[index] + 1) & (u32::MAX >> INDEX_BITS);
+        self.free.push(index as u32);
+        true
+    }
+
+    pub(crate) fn destroy_all(&mut self) {
+        let conns: Vec<ConnId> = self.by_id.values().copied().collect();
+        for conn in conns {
+            self.remove(conn);
+        }
+    }
+
+    pub(crate) fn destroy_listeners(&mut self) {
+        for (_, id) in self.listeners.drain(..) {
+            // SAFETY: each listener id is destroyed once, here.
+            unsafe { ffi::bi_destroy(id) };
+        }
+    }
+
+    pub(crate) fn is_listener(&self, id: *mut ffi::CmId) -> bool {
+        self.listeners.iter().any(|&(_, l)| l == id)
+    }
+}
