@@ -25,7 +25,7 @@
 use core::fmt;
 
 use manifest::binary::Manifest;
-use target_image::Engine;
+use target_image::{Engine, HcaEngine};
 use verbs::KeySource;
 
 /// Nanoseconds of fake time per step.
@@ -92,7 +92,7 @@ impl KeySource for EngineKeys {
 }
 
 /// The engine under test.
-pub type FuzzEngine = Engine<'static, EngineKeys>;
+pub type FuzzEngine = HcaEngine<'static, EngineKeys>;
 
 /// The compiled manifest (compiled once per process, kept for good).
 pub fn manifest() -> Manifest<'static> {

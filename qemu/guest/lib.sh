@@ -175,6 +175,27 @@ serve_rnbd() {
     log "rnbd_server up (port 1234)"
 }
 
+# brick-target on this VM's rxe devices (brick-verbs): N links ibv:rxe0..,
+# the manifest at /etc/brick/target.toml; waits until it listens.
+serve_brick() {
+    links=""; i=0
+    while [ $i -lt ${1:-1} ]; do links="$links --link ibv:rxe$i"; i=$((i + 1)); done
+    modprobe rdma_ucm || die "modprobe rdma_ucm"
+    brick-target --manifest /etc/brick/target.toml $links > /tmp/brick-target.log 2>&1 &
+    echo $! > /tmp/brick-target.pid
+    n=0
+    until grep -q "listening on RDMA CM port" /tmp/brick-target.log; do
+        if ! kill -0 "$(cat /tmp/brick-target.pid)" 2>/dev/null; then
+            cat /tmp/brick-target.log; die "brick-target exited"
+        fi
+        n=$((n + 1))
+        [ $n -le 60 ] || { cat /tmp/brick-target.log; die "brick-target did not listen in 60 s"; }
+        sleep 1
+    done
+    cat /tmp/brick-target.log
+    log "brick-target up on$links"
+}
+
 # nvmet-rdma exporting DEVICE as NQN on ADDR:4420.
 serve_nvmet() {
     dev=$1; nqn=$2; addr=$3

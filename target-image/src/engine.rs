@@ -19,6 +19,7 @@ use verbs::KeySource;
 
 use crate::icmp::{icmp_echo_reply, is_icmp, ICMP_REPLY_LEN};
 use crate::io_state::{IoSlots, ParkedQueue};
+use crate::port::Port;
 use crate::sessions::{AccessRules, Deferred, SessionEntry, MAX_DEFERRED_PER_SESSION};
 use crate::volumes::Served;
 use crate::{
@@ -26,9 +27,13 @@ use crate::{
     Chunk, RamVolume, StatsReport, VolumeCounters,
 };
 
-/// The engine's HCA type: sized at boot from the manifest
+/// The engine's software HCA: sized at boot from the manifest
 /// ([`hca_capacity`]).
 pub type EngineHca<K> = Hca<Vec<u8>, K>;
+
+/// The engine on software HCAs, one per interface (the image, and the
+/// hosted target on frame and UDP links).
+pub type HcaEngine<'m, K, D = RamVolume> = Engine<'m, EngineHca<K>, D>;
 
 /// Where the engine sends packets: interface index plus the HCA's
 /// scatter-gather packet (headers, payload pieces, trailer).
@@ -51,6 +56,27 @@ pub trait Transmit {
     }
 }
 
+/// Any sink as a `dyn Transmit` for [`Port::poll_link`].
+struct DynSink<'a, T: Transmit + ?Sized>(&'a mut T);
+
+impl<T: Transmit + ?Sized> Transmit for DynSink<'_, T> {
+    fn transmit(&mut self, interface: usize, headers: &[u8], payload: &[&[u8]], trailer: &[u8]) {
+        self.0.transmit(interface, headers, payload, trailer);
+    }
+
+    fn transmit_datagram(
+        &mut self,
+        interface: usize,
+        to: SocketAddrV4,
+        header: &[u8],
+        payload: &[&[u8]],
+        trailer: &[u8],
+    ) {
+        self.0
+            .transmit_datagram(interface, to, header, payload, trailer);
+    }
+}
+
 impl<F: FnMut(usize, &[u8], &[&[u8]], &[u8])> Transmit for F {
     fn transmit(&mut self, interface: usize, headers: &[u8], payload: &[&[u8]], trailer: &[u8]) {
         self(interface, headers, payload, trailer)
@@ -69,14 +95,15 @@ pub(crate) struct Interface {
 /// Where log lines go: one call per line.
 pub(crate) type Logger<'m> = Box<dyn FnMut(fmt::Arguments<'_>) + 'm>;
 
-/// The target engine. See the crate docs.
-pub struct Engine<'m, K: KeySource, D: BlockDevice<Chunk> = RamVolume> {
+/// The target engine over ports `P` (one per interface, [`Port`]). See
+/// the crate docs.
+pub struct Engine<'m, P: Port, D: BlockDevice<Chunk> = RamVolume> {
     pub(crate) manifest: Manifest<'m>,
     pub(crate) interfaces: Vec<Interface>,
     /// One HCA per interface, lent to the RTRS server as its ports (HCA
     /// `i` is port `i`).
-    pub(crate) hcas: Vec<EngineHca<K>>,
-    pub(crate) server: Box<Server<EngineHca<K>>>,
+    pub(crate) hcas: Vec<P>,
+    pub(crate) server: Box<Server<P>>,
     pub(crate) rnbd: rnbd::server::Server,
     pub(crate) sessions: Vec<SessionEntry>,
     pub(crate) session_capacity: usize,
@@ -92,7 +119,7 @@ pub struct Engine<'m, K: KeySource, D: BlockDevice<Chunk> = RamVolume> {
     pub(crate) identity_dma: bool,
 }
 
-impl<'m, K: KeySource> Engine<'m, K, RamVolume> {
+impl<'m, K: KeySource> Engine<'m, EngineHca<K>, RamVolume> {
     /// Builds an engine serving RAM volumes only (see
     /// [`with_volumes`](Engine::with_volumes)).
     ///
@@ -104,7 +131,7 @@ impl<'m, K: KeySource> Engine<'m, K, RamVolume> {
     }
 }
 
-impl<'m, K: KeySource, D: BlockDevice<Chunk>> Engine<'m, K, D> {
+impl<'m, K: KeySource, D: BlockDevice<Chunk>> Engine<'m, EngineHca<K>, D> {
     /// Builds the engine with every interface on Ethernet: see
     /// [`with_links`](Self::with_links).
     ///
@@ -138,12 +165,102 @@ impl<'m, K: KeySource, D: BlockDevice<Chunk>> Engine<'m, K, D> {
         manifest: Manifest<'m>,
         mut keys: impl FnMut(usize) -> K,
         links: &[LinkMode],
+        open: impl FnMut(&ServerConfig, &manifest::binary::Volume<'_>) -> Result<D, BuildError>,
+    ) -> Result<Self, BuildError> {
+        let config = server_config(&manifest);
+        config.check().map_err(BuildError::Config)?;
+        let arena = arena_bytes(&config);
+        let hca_capacity = hca_capacity(&config)?;
+        let mut hcas = Vec::with_capacity(manifest.interface_count());
+        for (index, iface) in manifest.interfaces().enumerate() {
+            let mut hca = Hca::with_capacity(
+                alloc::vec![0u8; arena],
+                keys(index),
+                HcaConfig {
+                    mac: iface.mac.0,
+                    ip: iface.address.address.octets(),
+                },
+                links.get(index).copied().unwrap_or(LinkMode::Ethernet),
+                hca_capacity,
+            )
+            .map_err(|e| BuildError::Capacity(alloc::format!("{e}")))?;
+            let mtu = Mtu::for_ethernet_mtu(usize::from(iface.mtu)).ok_or_else(|| {
+                BuildError::Interface(iface.name.into(), "MTU below 256 bytes of RoCE payload")
+            })?;
+            hca.set_path_mtu(mtu);
+            hcas.push(hca);
+        }
+        Engine::with_ports(manifest, hcas, open)
+    }
+
+    /// Hands one received Ethernet frame of interface `interface` to its
+    /// HCA (ICMP echo requests to our address are answered by the engine).
+    pub fn receive(&mut self, interface: usize, now: u64, frame: &[u8]) {
+        let Some(iface) = self.interfaces.get_mut(interface) else {
+            return;
+        };
+        if iface.icmp_len == 0 {
+            if let Some(len) = icmp_echo_reply(frame, iface.ip.octets(), &mut iface.icmp[..]) {
+                iface.icmp_len = len;
+                return;
+            }
+        } else if is_icmp(frame) {
+            return; // one reply at a time; the peer pings again
+        }
+        if let Some(hca) = self.hcas.get_mut(interface) {
+            hca.receive(now, frame);
+        }
+    }
+
+    /// Hands one datagram received from `from` on UDP interface
+    /// `interface` to its HCA.
+    pub fn receive_datagram(
+        &mut self,
+        interface: usize,
+        now: u64,
+        from: SocketAddr,
+        datagram: &[u8],
+    ) {
+        if let Some(hca) = self.hcas.get_mut(interface) {
+            hca.receive_datagram(now, from, datagram);
+        }
+    }
+}
+
+impl<'m, P: Port, D: BlockDevice<Chunk>> Engine<'m, P, D> {
+    /// Builds the engine from a checked manifest over `ports`, one per
+    /// manifest interface in order (each made for
+    /// [`arena_bytes`]/[`hca_capacity`] of the manifest's configuration):
+    /// `open(config, volume)` opens each volume's device (`config` is the
+    /// RTRS configuration the manifest makes: queue depth and chunk size
+    /// bound what devices see), then the RTRS server over all ports
+    /// (listening) and the RNBD server. A port that cannot re-key regions
+    /// ([`Port::can_rekey`]) serves with `always_invalidate` off, whatever
+    /// the manifest asks (see [`always_invalidate`](Self::always_invalidate)).
+    /// All memory is allocated here.
+    ///
+    /// # Errors
+    /// [`BuildError`] for what the manifest asks and this engine cannot do,
+    /// and whatever `open` returns.
+    pub fn with_ports(
+        manifest: Manifest<'m>,
+        mut hcas: Vec<P>,
         mut open: impl FnMut(&ServerConfig, &manifest::binary::Volume<'_>) -> Result<D, BuildError>,
     ) -> Result<Self, BuildError> {
         if manifest.interface_count() == 0 {
             return Err(BuildError::NoInterface);
         }
-        let config = server_config(&manifest);
+        if hcas.len() != manifest.interface_count() {
+            return Err(BuildError::Capacity(alloc::format!(
+                "{} ports for {} manifest interfaces (one port per interface)",
+                hcas.len(),
+                manifest.interface_count()
+            )));
+        }
+        let mut config = server_config(&manifest);
+        if !hcas.iter().all(Port::can_rekey) {
+            config.always_invalidate = false;
+        }
         config.check().map_err(BuildError::Config)?;
         let requests = max_requests(&config, manifest.interface_count());
         let mut volumes = Vec::with_capacity(manifest.volume_count());
@@ -159,35 +276,15 @@ impl<'m, K: KeySource, D: BlockDevice<Chunk>> Engine<'m, K, D> {
                 counters: VolumeCounters::default(),
             });
         }
-        let arena = arena_bytes(&config);
-        let hca_capacity = hca_capacity(&config)?;
-        let mut interfaces = Vec::with_capacity(manifest.interface_count());
-        let mut hcas = Vec::with_capacity(manifest.interface_count());
-        for (index, iface) in manifest.interfaces().enumerate() {
-            let ip = iface.address.address;
-            let mut hca = Hca::with_capacity(
-                alloc::vec![0u8; arena],
-                keys(index),
-                HcaConfig {
-                    mac: iface.mac.0,
-                    ip: ip.octets(),
-                },
-                links.get(index).copied().unwrap_or(LinkMode::Ethernet),
-                hca_capacity,
-            )
-            .map_err(|e| BuildError::Capacity(alloc::format!("{e}")))?;
-            let mtu = Mtu::for_ethernet_mtu(usize::from(iface.mtu)).ok_or_else(|| {
-                BuildError::Interface(iface.name.into(), "MTU below 256 bytes of RoCE payload")
-            })?;
-            hca.set_path_mtu(mtu);
-            hcas.push(hca);
-            interfaces.push(Interface {
+        let interfaces = manifest
+            .interfaces()
+            .map(|iface| Interface {
                 name: iface.name.into(),
-                ip,
+                ip: iface.address.address,
                 icmp: Box::new([0; ICMP_REPLY_LEN]),
                 icmp_len: 0,
-            });
-        }
+            })
+            .collect();
         let mut server = Box::new(Server::new(config).map_err(BuildError::Config)?);
         server.start(&mut hcas).map_err(BuildError::Listen)?;
         // Closed sessions linger while their IO drains: room for as many.
@@ -208,6 +305,12 @@ impl<'m, K: KeySource, D: BlockDevice<Chunk>> Engine<'m, K, D> {
             answered: 0,
             identity_dma: false,
         })
+    }
+
+    /// Whether the engine serves with `always_invalidate` (the manifest's
+    /// switch, off on ports that cannot re-key).
+    pub fn always_invalidate(&self) -> bool {
+        self.server.config().always_invalidate
     }
 
     /// Lets volumes transfer straight to and from the registered arenas
@@ -243,18 +346,18 @@ impl<'m, K: KeySource, D: BlockDevice<Chunk>> Engine<'m, K, D> {
 
     /// The RTRS server, if `interface` exists: one server serves every
     /// interface (its port `interface`).
-    pub fn rtrs(&self, interface: usize) -> Option<&Server<EngineHca<K>>> {
+    pub fn rtrs(&self, interface: usize) -> Option<&Server<P>> {
         (interface < self.interfaces.len()).then_some(&*self.server)
     }
 
     /// The RTRS server (all interfaces are its ports).
-    pub fn server(&self) -> &Server<EngineHca<K>> {
+    pub fn server(&self) -> &Server<P> {
         &self.server
     }
 
     /// Interface `interface`'s HCA (the RTRS server's port of the same
     /// index), if it exists.
-    pub fn hca(&self, interface: usize) -> Option<&EngineHca<K>> {
+    pub fn hca(&self, interface: usize) -> Option<&P> {
         self.hcas.get(interface)
     }
 
@@ -290,39 +393,6 @@ impl<'m, K: KeySource, D: BlockDevice<Chunk>> Engine<'m, K, D> {
         self.volumes.iter().filter_map(|v| v.device.readable_fd())
     }
 
-    /// Hands one received Ethernet frame of interface `interface` to its
-    /// HCA (ICMP echo requests to our address are answered by the engine).
-    pub fn receive(&mut self, interface: usize, now: u64, frame: &[u8]) {
-        let Some(iface) = self.interfaces.get_mut(interface) else {
-            return;
-        };
-        if iface.icmp_len == 0 {
-            if let Some(len) = icmp_echo_reply(frame, iface.ip.octets(), &mut iface.icmp[..]) {
-                iface.icmp_len = len;
-                return;
-            }
-        } else if is_icmp(frame) {
-            return; // one reply at a time; the peer pings again
-        }
-        if let Some(hca) = self.hcas.get_mut(interface) {
-            hca.receive(now, frame);
-        }
-    }
-
-    /// Hands one datagram received from `from` on UDP interface
-    /// `interface` to its HCA.
-    pub fn receive_datagram(
-        &mut self,
-        interface: usize,
-        now: u64,
-        from: SocketAddr,
-        datagram: &[u8],
-    ) {
-        if let Some(hca) = self.hcas.get_mut(interface) {
-            hca.receive_datagram(now, from, datagram);
-        }
-    }
-
     /// Advances everything once: RTRS servers (bounded by their CM and
     /// completion budgets), every event they queued (bounded by the event
     /// queue capacity), volume completions (bounded per volume), then the
@@ -342,27 +412,14 @@ impl<'m, K: KeySource, D: BlockDevice<Chunk>> Engine<'m, K, D> {
             self.handle_event(event, now);
         }
         busy |= self.poll_volumes(now);
+        let mut sink = DynSink(sink);
         for (index, (iface, hca)) in self.interfaces.iter_mut().zip(&mut self.hcas).enumerate() {
             if iface.icmp_len > 0 {
                 sink.transmit(index, &iface.icmp[..iface.icmp_len], &[], &[]);
                 iface.icmp_len = 0;
                 busy = true;
             }
-            if matches!(hca.link_mode(), LinkMode::Udp { .. }) {
-                busy |= hca.poll_datagrams(
-                    now,
-                    &mut |to: SocketAddrV4, header: &[u8], payload: &[&[u8]], trailer: &[u8]| {
-                        sink.transmit_datagram(index, to, header, payload, trailer)
-                    },
-                );
-                continue;
-            }
-            busy |= hca.poll(
-                now,
-                &mut |headers: &[u8], payload: &[&[u8]], trailer: &[u8]| {
-                    sink.transmit(index, headers, payload, trailer)
-                },
-            );
+            busy |= hca.poll_link(now, index, &mut sink);
         }
         busy
     }
@@ -415,7 +472,7 @@ impl<'m, K: KeySource, D: BlockDevice<Chunk>> Engine<'m, K, D> {
 
     /// A printable statistics report (per interface, session, path and
     /// volume).
-    pub fn stats(&self) -> StatsReport<'_, 'm, K, D> {
+    pub fn stats(&self) -> StatsReport<'_, 'm, P, D> {
         StatsReport { engine: self }
     }
 

@@ -9,7 +9,9 @@ use hal::block::{BlockDevice, Completion as DeviceCompletion, Op, SubmitError};
 use rnbd::server::{Action, BlockOp, IoError, Request};
 use rnbd::wire::RtrsDirection;
 use rtrs::server::{IoDirection, IoToken, ReadData, SessionId};
-use verbs::{KeySource, Memory, MemoryHandle};
+use verbs::MemoryHandle;
+
+use crate::port::Port;
 
 use crate::sessions::{Deferred, SessionExports, MAX_DEFERRED_PER_SESSION};
 use crate::volumes::ChunkMemory;
@@ -21,7 +23,7 @@ pub(crate) const MAX_USER_HEADER: usize = 1024;
 /// Device completions handled per volume per poll.
 pub(crate) const COMPLETION_BURST: usize = 64;
 
-impl<'m, K: KeySource, D: BlockDevice<Chunk>> Engine<'m, K, D> {
+impl<'m, P: Port, D: BlockDevice<Chunk>> Engine<'m, P, D> {
     pub(crate) fn answer(&mut self, token: IoToken, errno: u16, now: u64) {
         self.answered += 1;
         if let Err(error) =

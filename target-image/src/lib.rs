@@ -90,9 +90,12 @@ mod engine;
 mod error;
 #[cfg(feature = "std")]
 pub mod hosted;
+#[cfg(feature = "std")]
+pub mod ibv;
 mod icmp;
 mod io;
 mod io_state;
+mod port;
 mod sessions;
 mod stats;
 mod volumes;
@@ -100,8 +103,9 @@ mod volumes;
 pub use capacity::{
     arena_bytes, hca_capacity, max_requests, path_pools, server_config, virtio_blk_config,
 };
-pub use engine::{Engine, EngineHca, Transmit};
+pub use engine::{Engine, EngineHca, HcaEngine, Transmit};
 pub use error::BuildError;
 pub use icmp::icmp_echo_reply;
+pub use port::Port;
 pub use stats::StatsReport;
 pub use volumes::{ram_volume, volume_info, Chunk, RamOr, RamVolume, VolumeCounters, RAM_QUEUE};

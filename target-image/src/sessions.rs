@@ -7,12 +7,12 @@
 use alloc::string::String;
 use core::net::{IpAddr, Ipv4Addr};
 
+use crate::port::Port;
 use hal::block::BlockDevice;
 use manifest::binary::Manifest;
 use manifest::AccessMode;
 use rnbd::server::{Export, Exports, Grant, LookupError};
 use rtrs::server::{Admission, Event, IoToken, PathId, PathRefusal, PathRequest, SessionId};
-use verbs::KeySource;
 
 use crate::volumes::Served;
 use crate::{Chunk, Engine};
@@ -88,7 +88,7 @@ impl Admission for AccessRules<'_, '_> {
     }
 }
 
-impl<'m, K: KeySource, D: BlockDevice<Chunk>> Engine<'m, K, D> {
+impl<'m, P: Port, D: BlockDevice<Chunk>> Engine<'m, P, D> {
     pub(crate) fn session_index(&self, id: SessionId) -> Option<usize> {
         self.sessions.iter().position(|s| s.id == id)
     }

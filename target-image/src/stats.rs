@@ -3,17 +3,17 @@
 use core::fmt;
 use core::net::Ipv4Addr;
 
+use crate::port::Port;
 use hal::block::BlockDevice;
-use verbs::KeySource;
 
 use crate::{Chunk, Engine};
 
 /// The engine's statistics, printable (`Display`, several lines).
-pub struct StatsReport<'e, 'm, K: KeySource, D: BlockDevice<Chunk>> {
-    pub(crate) engine: &'e Engine<'m, K, D>,
+pub struct StatsReport<'e, 'm, P: Port, D: BlockDevice<Chunk>> {
+    pub(crate) engine: &'e Engine<'m, P, D>,
 }
 
-impl<K: KeySource, D: BlockDevice<Chunk>> fmt::Display for StatsReport<'_, '_, K, D> {
+impl<P: Port, D: BlockDevice<Chunk>> fmt::Display for StatsReport<'_, '_, P, D> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let engine = self.engine;
         let server = &engine.server;
@@ -26,22 +26,9 @@ impl<K: KeySource, D: BlockDevice<Chunk>> fmt::Display for StatsReport<'_, '_, K
         )?;
         for (port, iface) in engine.interfaces.iter().enumerate() {
             if let Some(hca) = engine.hcas.get(port) {
-                let c = hca.counters();
-                writeln!(
-                    f,
-                    "interface {} {}: frames in {} out {} retransmissions {} timeouts {} (early {}) naks sent {} dropped malformed {} checksum {} out-of-sequence {}",
-                    iface.name,
-                    iface.ip,
-                    c.frames_in,
-                    c.frames_out,
-                    c.retransmissions,
-                    c.timeouts,
-                    c.early_timeouts,
-                    c.naks_sent,
-                    c.drop_malformed,
-                    c.drop_bad_checksum,
-                    c.drop_out_of_sequence
-                )?;
+                write!(f, "interface {} {}: ", iface.name, iface.ip)?;
+                hca.write_counters(f)?;
+                writeln!(f)?;
             }
         }
         for entry in &engine.sessions {

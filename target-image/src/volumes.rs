@@ -16,10 +16,11 @@ use hal::block::{
 };
 use manifest::binary::Backing;
 use rnbd::server::{DiscardLimits, VolumeId, VolumeInfo};
-use verbs::{KeySource, Memory, MemoryHandle};
+use verbs::MemoryHandle;
 
 use crate::io_state::ParkedQueue;
-use crate::{BuildError, EngineHca};
+use crate::port::Port;
+use crate::BuildError;
 
 /// Completions a RAM volume holds between two polls (a batch bound: when
 /// it is full the engine parks further requests, which have room for every
@@ -187,14 +188,14 @@ pub(crate) struct Served<D> {
 }
 
 /// The chunks of every port, as volumes reach them.
-pub(crate) struct ChunkMemory<'a, K: KeySource> {
+pub(crate) struct ChunkMemory<'a, P: Port> {
     /// The engine's HCAs (the RTRS server's ports).
-    pub(crate) hcas: &'a mut [EngineHca<K>],
+    pub(crate) hcas: &'a mut [P],
     /// Chunk addresses are bus addresses ([`Engine::set_identity_dma`]).
     pub(crate) identity_dma: bool,
 }
 
-impl<K: KeySource> BufferAccess<Chunk> for ChunkMemory<'_, K> {
+impl<P: Port> BufferAccess<Chunk> for ChunkMemory<'_, P> {
     fn with_slice<R>(
         &self,
         buffer: Chunk,

@@ -28,7 +28,9 @@ mod conn;
 mod device;
 mod dma;
 pub mod ffi;
+mod link;
 mod provider;
 mod translate;
 
 pub use device::{IbvConfig, IbvDevice, OpenError};
+pub use link::IbvLink;

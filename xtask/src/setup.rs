@@ -56,28 +56,35 @@ pub enum Purpose {
 /// The packages besides QEMU that `purpose` needs; `abi` is the kernel ABI
 /// the judge VMs boot (its headers build the out-of-tree modules).
 fn other_packages(purpose: Purpose, abi: &str) -> Vec<String> {
+    // Every build of the workspace compiles verbs-ibv against these
+    // headers and links the libraries (`brick-target --link ibv:…`).
+    let verbs = ["libibverbs-dev", "librdmacm-dev"].map(String::from);
     match purpose {
-        Purpose::Demo => Vec::new(),
-        Purpose::Judge => [
-            "busybox-static",
-            "iproute2",
-            "cpio",
-            "kmod",
-            "xz-utils",
-            "build-essential",
-            "bc",
-            "linux-source-6.1",
-            "fio",
-            "rdmacm-utils",
-            "ibverbs-providers",
-            // UEFI firmware for the brick-uefi target and the image
-            // suite's disk boots (/usr/share/OVMF).
-            "ovmf",
-        ]
-        .iter()
-        .map(|p| p.to_string())
-        .chain([format!("linux-headers-{abi}")])
-        .collect(),
+        Purpose::Demo => verbs.to_vec(),
+        Purpose::Judge => verbs
+            .into_iter()
+            .chain(
+                [
+                    "busybox-static",
+                    "iproute2",
+                    "cpio",
+                    "kmod",
+                    "xz-utils",
+                    "build-essential",
+                    "bc",
+                    "linux-source-6.1",
+                    "fio",
+                    "rdmacm-utils",
+                    "ibverbs-providers",
+                    // UEFI firmware for the brick-uefi target and the image
+                    // suite's disk boots (/usr/share/OVMF).
+                    "ovmf",
+                ]
+                .iter()
+                .map(|p| p.to_string()),
+            )
+            .chain([format!("linux-headers-{abi}")])
+            .collect(),
     }
 }
 
@@ -279,10 +286,11 @@ pub fn kernel_abi() -> Result<String> {
 /// The plan for `purpose` on this machine.
 fn machine_plan(purpose: Purpose) -> Result<Plan> {
     util::require_tool("apt-cache", "apt").context("Brick's set-up expects a Debian 12 machine")?;
-    let others = match purpose {
-        Purpose::Demo => Vec::new(),
-        Purpose::Judge => other_packages(purpose, &kernel_abi()?),
+    let abi = match purpose {
+        Purpose::Demo => String::new(),
+        Purpose::Judge => kernel_abi()?,
     };
+    let others = other_packages(purpose, &abi);
     let mut command = Command::new("apt-cache");
     command
         .arg("policy")
@@ -408,7 +416,7 @@ pub fn qemu() -> Result<&'static str> {
 /// `cargo xtask setup`: installs what `--demo-only` or the judge needs.
 #[derive(clap::Args)]
 pub struct SetupArgs {
-    /// Only what `cargo xtask demo` needs (QEMU).
+    /// Only what `cargo xtask demo` needs (QEMU, the verbs headers).
     #[arg(long)]
     demo_only: bool,
     /// Print the plan and its `apt-get` line; install nothing.

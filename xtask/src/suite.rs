@@ -134,6 +134,7 @@ fn target_kinds() -> Vec<TargetKind> {
         TargetKind::BrickHosted,
         TargetKind::BrickImage,
         TargetKind::BrickUefi,
+        TargetKind::BrickVerbs,
     ]
 }
 

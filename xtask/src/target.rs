@@ -161,6 +161,11 @@ pub enum TargetKind {
     /// NVMe namespace, PCI through ECAM. Smoke tier by default; `--full`
     /// only when named (`--target brick-uefi`).
     BrickUefi,
+    /// The hosted Brick target on Linux rxe through libibverbs
+    /// (`brick-target --link ibv:rxe0`) inside a Linux VM, its RAM volumes;
+    /// the stock client maps it through the relay as it maps the reference
+    /// target. Smoke tier by default; `--full` only when named.
+    BrickVerbs,
 }
 
 impl TargetKind {
@@ -179,6 +184,7 @@ impl TargetKind {
             TargetKind::BrickHosted => "brick-hosted",
             TargetKind::BrickImage => "brick-image",
             TargetKind::BrickUefi => "brick-uefi",
+            TargetKind::BrickVerbs => "brick-verbs",
         }
     }
 
@@ -194,7 +200,10 @@ impl TargetKind {
     /// Whether the full tier runs it only when it is named with
     /// `--target` (the smoke tier runs every kind).
     pub fn explicit_only(self) -> bool {
-        matches!(self, TargetKind::BrickImage | TargetKind::BrickUefi)
+        matches!(
+            self,
+            TargetKind::BrickImage | TargetKind::BrickUefi | TargetKind::BrickVerbs
+        )
     }
 }
 
@@ -225,12 +234,22 @@ fn mac(path: usize, host: u8) -> String {
     format!("52:54:00:{:02x}:00:{host:02x}", 0x77 + path)
 }
 
+/// What a Linux target VM serves once booted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Serve {
+    /// rnbd_server on brd RAM disks and nvmet-rdma (the reference).
+    Reference,
+    /// `brick-target` on its rxe devices, one link per path.
+    Brick { links: usize },
+}
+
 /// How a target runs.
 enum Runner {
-    /// A Linux VM (the reference target).
+    /// A Linux VM (the reference target, or brick-target on rxe).
     Vm {
         vm: Option<Box<Vm>>,
         config: VmConfig,
+        serve: Serve,
     },
     /// The hosted Brick target process, one `--link` per path, or the
     /// image's QEMU, one NIC per path.
@@ -601,9 +620,11 @@ impl Target {
                     runner: Runner::Vm {
                         vm: Some(vm),
                         config,
+                        serve: Serve::Reference,
                     },
                 })
             }
+            TargetKind::BrickVerbs => Self::spawn_verbs(images, relays, mtu),
             TargetKind::BrickHosted => {
                 let binary = build_brick_target()?;
                 let dir = crate::paths::scratch("brick-target");
@@ -696,6 +717,99 @@ impl Target {
                 Self::spawn_image(kind, relays, probe, mtu)
             }
         }
+    }
+
+    /// brick-target on rxe in a Linux VM: the examples/ manifest with the
+    /// image's limits (the VM's memory holds its registered arenas), the
+    /// release binary with every library it loads, one NIC per relay.
+    fn spawn_verbs(images: &Images, relays: &[Relay], mtu: u32) -> Result<Target> {
+        let binary = build_brick_target()?;
+        let dir = crate::paths::scratch("brick-verbs");
+        let manifest_path = judge_manifest(relays.len(), mtu, false, Durable::None, &dir)?;
+        let mut text = std::fs::read_to_string(&manifest_path)?;
+        if !text.lines().any(|line| line.trim() == "[limits]") {
+            text += IMAGE_LIMITS;
+            std::fs::write(&manifest_path, &text)?;
+        }
+        let manifest =
+            manifest::compile_file(&manifest_path).map_err(|e| anyhow::anyhow!("{e}"))?;
+        if manifest.interfaces.len() != relays.len() {
+            bail!(
+                "{} has {} interfaces, the bed has {} paths",
+                manifest_path.display(),
+                manifest.interfaces.len(),
+                relays.len()
+            );
+        }
+        let paths: Vec<PathAddress> = (0..relays.len()).map(path_address).collect();
+        for (interface, path) in manifest.interfaces.iter().zip(&paths) {
+            if interface.address.address.to_string() != path.target {
+                bail!(
+                    "{}: interface {} is {}, the bed expects {}",
+                    manifest_path.display(),
+                    interface.name,
+                    interface.address.address,
+                    path.target
+                );
+            }
+        }
+        let volumes = manifest
+            .volumes
+            .iter()
+            .map(|v| match &v.backing {
+                manifest::config::Backing::Ram { size } => Ok(Volume {
+                    device_path: v.device_path.clone(),
+                    bytes: *size,
+                    durable: false,
+                }),
+                other => bail!("volume {}: {other:?}: brick-verbs serves RAM", v.name),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let mut config = VmConfig::new("brick-verbs-target");
+        config.mtu = mtu;
+        config.memory_mib = 1536;
+        config.overlays = Overlays {
+            fio: false,
+            rping: true,
+        };
+        config.nics = relays
+            .iter()
+            .enumerate()
+            .map(|(i, relay)| NicConfig {
+                socket: relay.b.clone(),
+                mac: mac(i, 1),
+                address: format!("{}/{}", paths[i].target, paths[i].prefix),
+            })
+            .collect();
+        config.extra_files = crate::vmimage::libraries(&binary)?
+            .into_iter()
+            .map(|lib| (PathBuf::from(&lib), lib))
+            .collect();
+        config
+            .extra_files
+            .push((binary.clone(), "/bin/brick-target".into()));
+        config
+            .extra_files
+            .push((manifest_path.clone(), "/etc/brick/target.toml".into()));
+        let descriptor = TargetDescriptor {
+            name: TargetKind::BrickVerbs.name().to_string(),
+            paths,
+            volumes,
+            nvme: None,
+            restart: Restart::Reboot,
+            probe: None,
+        };
+        let vm = Box::new(Vm::spawn(images, config.clone())?);
+        Ok(Target {
+            descriptor,
+            runner: Runner::Vm {
+                vm: Some(vm),
+                config,
+                serve: Serve::Brick {
+                    links: relays.len(),
+                },
+            },
+        })
     }
 
     /// The image under QEMU: the examples/ manifest plus the durable
@@ -876,11 +990,15 @@ impl Target {
     /// every link of `relays`, paths and probe port, is connected).
     fn wait_serving(&mut self, relays: &[&Relay]) -> Result<()> {
         match &mut self.runner {
-            Runner::Vm { vm, .. } => {
+            Runner::Vm { vm, serve, .. } => {
                 let Some(vm) = vm.as_mut() else {
                     bail!("target is not running")
                 };
                 vm.wait_ready()?;
+                if let Serve::Brick { links } = *serve {
+                    vm.run(&format!("serve_brick {links}\n"), Duration::from_secs(90))?;
+                    return Ok(());
+                }
                 let mut script = format!("serve_rnbd 3 {REF_DISK_MIB}\n");
                 if let Some(nvme) = &self.descriptor.nvme {
                     script += &format!(
@@ -934,7 +1052,7 @@ impl Target {
     /// (durable backends), and its NICs reconnect through the relays.
     pub fn restart(&mut self, images: &Images, relays: &[&Relay]) -> Result<()> {
         match &mut self.runner {
-            Runner::Vm { vm, config } => {
+            Runner::Vm { vm, config, .. } => {
                 *vm = None; // kills QEMU
                 *vm = Some(Box::new(Vm::spawn(images, config.clone())?));
             }
@@ -967,8 +1085,19 @@ impl Target {
     /// Console and dmesg (VM) or the log (process), for failure reports.
     pub fn diagnostics(&mut self) -> String {
         match &mut self.runner {
-            Runner::Vm { vm: Some(vm), .. } => {
-                format!("{:#}", vm.failure("target state at failure"))
+            Runner::Vm {
+                vm: Some(vm),
+                serve,
+                ..
+            } => {
+                let mut text = format!("{:#}", vm.failure("target state at failure"));
+                if matches!(serve, Serve::Brick { .. }) {
+                    let log = vm
+                        .run("cat /tmp/brick-target.log", Duration::from_secs(20))
+                        .unwrap_or_else(|e| format!("(no log: {e:#})"));
+                    text += &format!("\n--- brick-target log in the VM ---\n{log}");
+                }
+                text
             }
             Runner::Vm { vm: None, .. } => "target not running".into(),
             Runner::Process { log, .. } => {

@@ -390,20 +390,7 @@ fn copy_with_libraries(stage: &Path, binaries: &[&str], files: &[&str]) -> Resul
     let mut all: BTreeSet<String> = files.iter().map(|f| f.to_string()).collect();
     for binary in binaries {
         all.insert(binary.to_string());
-        let listing = util::output(Command::new("ldd").arg(binary))?;
-        for line in listing.lines() {
-            let line = line.trim();
-            let path = match line.split_once("=>") {
-                Some((_, rest)) => rest.split_whitespace().next(),
-                None => line
-                    .split_whitespace()
-                    .next()
-                    .filter(|p| p.starts_with('/')),
-            };
-            if let Some(path) = path.filter(|p| p.starts_with('/')) {
-                all.insert(path.to_string());
-            }
-        }
+        all.extend(libraries(Path::new(binary))?);
     }
     for path in all {
         let target = stage.join(path.trim_start_matches('/'));
@@ -411,6 +398,27 @@ fn copy_with_libraries(stage: &Path, binaries: &[&str], files: &[&str]) -> Resul
         fs::copy(&path, &target).with_context(|| format!("copy {path} into the initramfs"))?;
     }
     Ok(())
+}
+
+/// The shared libraries `binary` loads (its `ldd` closure, the dynamic
+/// loader included), as absolute paths.
+pub fn libraries(binary: &Path) -> Result<Vec<String>> {
+    let listing = util::output(Command::new("ldd").arg(binary))?;
+    let mut all = Vec::new();
+    for line in listing.lines() {
+        let line = line.trim();
+        let path = match line.split_once("=>") {
+            Some((_, rest)) => rest.split_whitespace().next(),
+            None => line
+                .split_whitespace()
+                .next()
+                .filter(|p| p.starts_with('/')),
+        };
+        if let Some(path) = path.filter(|p| p.starts_with('/')) {
+            all.push(path.to_string());
+        }
+    }
+    Ok(all)
 }
 
 /// An uncompressed newc archive of `stage` (root-owned), which the kernel

@@ -28,7 +28,7 @@ use initiator::{
 use manifest::binary::{Manifest, Volume};
 use roce::hca::{Hca, HcaConfig};
 use rtrs::server::ServerConfig;
-use target_image::{BuildError, Chunk, Engine, RamVolume};
+use target_image::{BuildError, Chunk, Engine, HcaEngine, RamVolume};
 use verbs::KeySource;
 
 thread_local! {
@@ -185,7 +185,7 @@ pub type OpenVolume<D> = Box<dyn FnMut(&ServerConfig, &Volume<'_>) -> Result<D, 
 /// Engine + nodes + clock.
 pub struct World<D: BlockDevice<Chunk> = RamVolume> {
     /// The engine, `None` while the target is down.
-    pub engine: Option<Engine<'static, Keys, D>>,
+    pub engine: Option<HcaEngine<'static, Keys, D>>,
     manifest: Manifest<'static>,
     open_volume: OpenVolume<D>,
     /// Engine interface MACs, by index.

@@ -27,7 +27,7 @@ use std::rc::Rc;
 
 use hal::block::BlockDevice;
 use manifest::binary::Manifest;
-use target_image::{Chunk, Engine, RamVolume};
+use target_image::{Chunk, Engine, HcaEngine, RamVolume};
 
 pub use clients::*;
 
@@ -112,7 +112,7 @@ pub fn with_world(manifest: &'static str, test: impl FnOnce(&mut World<'_>) + Se
 /// test builds the engine itself, [`World::with_engine`]).
 pub struct World<'m, D: BlockDevice<Chunk> = RamVolume> {
     /// The engine under test.
-    pub engine: Engine<'m, Keys, D>,
+    pub engine: HcaEngine<'m, Keys, D>,
     /// Fake time, nanoseconds.
     pub now: u64,
     /// Brick-client nodes.
@@ -153,7 +153,7 @@ impl<'m> World<'m> {
 impl<'m, D: BlockDevice<Chunk>> World<'m, D> {
     /// A world around `engine` (its keys should be `Keys(1000 + i)`, as
     /// [`World::new`] makes them), logging as [`World::new`] does.
-    pub fn with_engine(mut engine: Engine<'m, Keys, D>) -> Self {
+    pub fn with_engine(mut engine: HcaEngine<'m, Keys, D>) -> Self {
         let log = Rc::new(RefCell::new(Vec::new()));
         let sink = Rc::clone(&log);
         let verbose = std::env::var_os("BRICK_TEST_LOG").is_some();

@@ -4,6 +4,10 @@
 //! brick-target --manifest FILE --link SPEC [--link SPEC ...]
 //! ```
 //!
+//! With `--link ibv:DEVICE[:PORT]` for every interface the engine runs on
+//! RDMA devices through libibverbs and rdma_cm (a real HCA, or Linux rxe)
+//! instead of its software HCA: see `ibv.rs`.
+//!
 //! Compiles the manifest (TOML), builds the engine from its checked binary
 //! form (the same no_std view the image boots from), opens one link per
 //! manifest interface, in order — Ethernet frames (`frame:connect:PATH`,
@@ -20,8 +24,11 @@
 
 #![deny(unsafe_code)]
 
+mod ibv;
+
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::str::FromStr;
 use std::sync::atomic::Ordering;
 
 use clap::Parser;
@@ -33,6 +40,7 @@ use manifest::binary::Manifest;
 use roce::hca::LinkMode;
 use target_image::{hosted, Engine, Transmit};
 use verbs::KeySource;
+use verbs_ibv::IbvLink;
 
 /// Frames taken from each link per loop iteration.
 const RX_BURST: usize = 64;
@@ -50,10 +58,32 @@ struct Args {
     manifest: PathBuf,
     /// One link per manifest interface, in order: frame:connect:PATH,
     /// frame:listen:PATH, tcp:listen:ADDR, tcp:connect:ADDR (Ethernet
-    /// frames), or udp:IP:PORT (RoCEv2 over a UDP socket bound to the
-    /// interface's address; Brick initiators only).
+    /// frames), udp:IP:PORT (RoCEv2 over a UDP socket bound to the
+    /// interface's address; Brick initiators only), or ibv:DEVICE[:PORT]
+    /// (an RDMA device holding the interface's address; every interface
+    /// then names one).
     #[arg(long = "link", required = true)]
-    links: Vec<LinkSpec>,
+    links: Vec<TargetLink>,
+}
+
+/// One `--link`: a hosted link for the software HCA, or an RDMA device.
+#[derive(Clone, Debug)]
+enum TargetLink {
+    Hosted(LinkSpec),
+    Ibv(IbvLink),
+}
+
+impl FromStr for TargetLink {
+    type Err = String;
+
+    fn from_str(spec: &str) -> Result<Self, String> {
+        if spec.starts_with("ibv:") {
+            return spec.parse().map(Self::Ibv);
+        }
+        spec.parse()
+            .map(Self::Hosted)
+            .map_err(|e| format!("{e}, or ibv:DEVICE[:PORT]"))
+    }
 }
 
 /// The OS random source as the HCA's key source.
@@ -101,9 +131,31 @@ fn run(args: Args) -> Result<(), String> {
             manifest.interface_count()
         ));
     }
+    let ibv: Vec<IbvLink> = args
+        .links
+        .iter()
+        .filter_map(|link| match link {
+            TargetLink::Ibv(link) => Some(link.clone()),
+            TargetLink::Hosted(_) => None,
+        })
+        .collect();
+    if ibv.len() == args.links.len() {
+        return ibv::run(manifest, &ibv);
+    }
+    if !ibv.is_empty() {
+        return Err(format!(
+            "{} of {} --link name RDMA devices: expected every interface on an RDMA device (ibv:) or none",
+            ibv.len(),
+            args.links.len()
+        ));
+    }
+    let specs = args.links.iter().filter_map(|link| match link {
+        TargetLink::Hosted(spec) => Some(spec),
+        TargetLink::Ibv(_) => None,
+    });
     let mut links = Vec::new();
     let mut modes = Vec::new();
-    for (spec, iface) in args.links.iter().zip(manifest.interfaces()) {
+    for (spec, iface) in specs.zip(manifest.interfaces()) {
         if let LinkSpec::Udp(addr) = spec {
             if addr.ip() != IpAddr::V4(iface.address.address) {
                 return Err(format!(

@@ -1,0 +1,114 @@
+//! `brick-target` on RDMA devices (`--link ibv:DEVICE[:PORT]`): one
+//! [`IbvDevice`] per manifest interface, found by the interface's address,
+//! the same engine over them, and a loop that polls the completion queues
+//! busily while there is work and for a short while after, then sleeps on
+//! the connection managers' descriptors in short slices (completions have
+//! no descriptor: the data path never waits on a completion channel).
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use hal::hosted::{signals, MonotonicClock, PollIdle};
+use hal::Clock;
+use manifest::binary::Manifest;
+use target_image::ibv::ibv_config;
+use target_image::{hosted, server_config, Engine};
+use verbs_ibv::{IbvDevice, IbvLink};
+
+/// How long the loop keeps polling after the last work before it sleeps.
+const SPIN_NS: u64 = 20_000_000;
+/// The longest sleep while idle: how late a first request after a pause
+/// can be seen.
+const IDLE_SLICE_NS: u64 = 1_000_000;
+/// How long shutdown waits for disconnects to go out.
+const SHUTDOWN_NS: u64 = 2_000_000_000;
+
+/// Serves the manifest on `links` (one per interface, in order).
+pub fn run(manifest: Manifest<'_>, links: &[IbvLink]) -> Result<(), String> {
+    let config = server_config(&manifest);
+    let mut devices = Vec::with_capacity(links.len());
+    for (link, iface) in links.iter().zip(manifest.interfaces()) {
+        let wanted = ibv_config(&config, &iface, link).map_err(|e| e.to_string())?;
+        let memory = wanted.memory_bytes;
+        let device = IbvDevice::open(wanted)
+            .map_err(|e| format!("link {link}: interface {}: {e}", iface.name))?;
+        eprintln!(
+            "brick-target: interface {iface} on RDMA device {} port {} ({} MiB registered memory)",
+            device.device_name(),
+            link.port,
+            memory >> 20
+        );
+        devices.push(device);
+    }
+    let fds: Vec<i32> = devices.iter().map(IbvDevice::cm_fd).collect();
+    let target = manifest.target();
+    let mut engine =
+        Engine::with_ports(manifest, devices, hosted::open_volume).map_err(|e| e.to_string())?;
+    engine.set_logger(|args| eprintln!("brick-target: {args}"));
+    let invalidate = if engine.always_invalidate() == target.always_invalidate {
+        format!("{}", target.always_invalidate)
+    } else {
+        "false: the manifest asks for it, userspace verbs cannot re-key chunks".into()
+    };
+    eprintln!(
+        "brick-target: target {} listening on RDMA CM port {} (always_invalidate {invalidate})",
+        target.name, target.port
+    );
+    for volume in engine.manifest().volumes() {
+        eprintln!("brick-target: serving {volume}");
+    }
+    signals::install().map_err(|e| format!("signals: {e}"))?;
+
+    let clock = MonotonicClock::new();
+    let mut idle = PollIdle::new();
+    let mut sink = |_: usize, _: &[u8], _: &[&[u8]], _: &[u8]| {};
+    let mut last_work = clock.now();
+    let mut stop_deadline = None;
+    loop {
+        let now = clock.now();
+        if signals::STATS.swap(false, Ordering::SeqCst) {
+            eprint!("{}", engine.stats());
+        }
+        if stop_deadline.is_none() && signals::STOP.load(Ordering::SeqCst) {
+            eprintln!("brick-target: stopping: closing every path");
+            engine.close_all(now);
+            stop_deadline = Some(now + SHUTDOWN_NS);
+        }
+        if let Some(deadline) = stop_deadline {
+            if now >= deadline || engine.is_quiet() {
+                let _ = engine.poll(now, &mut sink);
+                break;
+            }
+        }
+        if engine.poll(now, &mut sink) {
+            last_work = now;
+            continue;
+        }
+        if now.saturating_sub(last_work) < SPIN_NS {
+            std::thread::yield_now();
+            continue;
+        }
+        let mut wake = now + IDLE_SLICE_NS;
+        if let Some(at) = engine.poll_at(now) {
+            if at <= now {
+                continue;
+            }
+            wake = wake.min(at);
+        }
+        idle.clear();
+        for &fd in &fds {
+            idle.watch_readable(fd);
+        }
+        for fd in engine.volume_fds() {
+            idle.watch_readable(fd);
+        }
+        if idle.wait(Some(wake)).map_err(|e| format!("ppoll: {e}"))? {
+            last_work = clock.now();
+        }
+    }
+    // Let the disconnects reach the wire before the devices close.
+    std::thread::sleep(Duration::from_millis(50));
+    eprint!("{}", engine.stats());
+    eprintln!("brick-target: stopped");
+    Ok(())
+}
