@@ -184,7 +184,7 @@ serve_brick() {
     brick-target --manifest /etc/brick/target.toml $links > /tmp/brick-target.log 2>&1 &
     echo $! > /tmp/brick-target.pid
     n=0
-    until grep -q "listening on RDMA CM port" /tmp/brick-target.log; do
+    until grep -qs "listening on RDMA CM port" /tmp/brick-target.log; do
         if ! kill -0 "$(cat /tmp/brick-target.pid)" 2>/dev/null; then
             cat /tmp/brick-target.log; die "brick-target exited"
         fi

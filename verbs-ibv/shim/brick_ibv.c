@@ -93,6 +93,7 @@ int bi_device_limits(struct ibv_context *ctx, struct bi_limits *out) {
 	out->max_cqe = (uint32_t)attr.max_cqe;
 	out->max_mr = (uint32_t)attr.max_mr;
 	out->max_qp_rd_atom = (uint32_t)attr.max_qp_rd_atom;
+	out->max_cq = (uint32_t)attr.max_cq;
 	return 0;
 }
 

@@ -109,6 +109,7 @@ struct bi_limits {
 	uint32_t max_cqe;
 	uint32_t max_mr;
 	uint32_t max_qp_rd_atom;
+	uint32_t max_cq;
 };
 
 struct bi_conn_param {

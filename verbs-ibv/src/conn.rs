@@ -48,8 +48,8 @@ pub(crate) struct Conn {
     /// Receives posted before the queue pair exists, posted when it does.
     pub(crate) pending: Vec<RecvWr>,
     pub(crate) dial: Option<Dial>,
-    /// Completion-queue entries reserved by its queue pair.
-    pub(crate) reserved: u32,
+    /// Completion queue (index) and entries reserved by its queue pair.
+    pub(crate) reserved: (usize, u32),
 }
 
 const INDEX_BITS: u32 = 20;
@@ -62,8 +62,15 @@ pub(crate) struct Conns {
     by_id: HashMap<usize, ConnId>,
     by_qpn: HashMap<u32, ConnId>,
     pub(crate) listeners: Vec<(u16, *mut ffi::CmId)>,
-    cq_budget: u32,
-    cq_used: u32,
+    /// Completion queues: each with its entries and those reserved.
+    cqs: Vec<CqSlot>,
+}
+
+/// One completion queue and its budget.
+pub(crate) struct CqSlot {
+    pub(crate) cq: *mut ffi::Cq,
+    entries: u32,
+    used: u32,
 }
 
 impl Conns {
@@ -76,29 +83,41 @@ impl Conns {
             by_id: HashMap::with_capacity(capacity),
             by_qpn: HashMap::with_capacity(capacity),
             listeners: Vec::with_capacity(4),
-            cq_budget: 0,
-            cq_used: 0,
+            cqs: Vec::new(),
         }
     }
 
-    pub(crate) fn set_cq_budget(&mut self, entries: u32) {
-        self.cq_budget = entries;
+    /// Adds a completion queue of `entries` entries.
+    pub(crate) fn add_cq(&mut self, cq: *mut ffi::Cq, entries: u32) {
+        self.cqs.push(CqSlot {
+            cq,
+            entries,
+            used: 0,
+        });
     }
 
-    /// Reserves `entries` completion-queue entries, if they are free.
-    pub(crate) fn reserve_cq(&mut self, entries: u32) -> bool {
-        match self.cq_used.checked_add(entries) {
-            Some(used) if used <= self.cq_budget => {
-                self.cq_used = used;
-                true
-            }
-            _ => false,
+    /// The completion queues, to poll and to destroy.
+    pub(crate) fn cqs(&self) -> impl Iterator<Item = *mut ffi::Cq> + '_ {
+        self.cqs.iter().map(|slot| slot.cq)
+    }
+
+    /// Reserves `entries` entries of the first completion queue with room
+    /// and returns it: a queue pair's completions can never overflow it.
+    pub(crate) fn reserve_cq(&mut self, entries: u32) -> Option<(usize, *mut ffi::Cq)> {
+        let (index, slot) = self
+            .cqs
+            .iter_mut()
+            .enumerate()
+            .find(|(_, slot)| slot.entries - slot.used >= entries)?;
+        slot.used += entries;
+        Some((index, slot.cq))
+    }
+
+    /// Returns entries reserved from completion queue `index`.
+    pub(crate) fn release_cq(&mut self, index: usize, entries: u32) {
+        if let Some(slot) = self.cqs.get_mut(index) {
+            slot.used = slot.used.saturating_sub(entries);
         }
-    }
-
-    /// Returns entries a failed queue pair did not use.
-    pub(crate) fn release_cq(&mut self, entries: u32) {
-        self.cq_used = self.cq_used.saturating_sub(entries);
     }
 
     pub(crate) fn live(&self) -> usize {
@@ -120,7 +139,7 @@ impl Conns {
             qpn: None,
             pending: Vec::with_capacity(pending),
             dial: None,
-            reserved: 0,
+            reserved: (0, 0),
         });
         self.by_id.insert(id as usize, conn);
         Some(conn)
@@ -152,7 +171,7 @@ impl Conns {
         self.by_qpn.get(&qpn).copied()
     }
 
-    pub(crate) fn set_qp(&mut self, conn: ConnId, qpn: u32, reserved: u32) {
+    pub(crate) fn set_qp(&mut self, conn: ConnId, qpn: u32, reserved: (usize, u32)) {
         if let Some(c) = self.get_mut(conn) {
             c.qpn = Some(qpn);
             c.reserved = reserved;
@@ -174,7 +193,7 @@ impl Conns {
         if let Some(qpn) = qpn {
             self.by_qpn.remove(&qpn);
         }
-        self.cq_used = self.cq_used.saturating_sub(reserved);
+        self.release_cq(reserved.0, reserved.1);
         self.slots[index] = None;
         self.generations[index] = (self.generations[index] + 1) & (u32::MAX >> INDEX_BITS);
         self.free.push(index as u32);

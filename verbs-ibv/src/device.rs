@@ -93,7 +93,6 @@ pub struct IbvDevice {
     /// The id bound to the configured address: it holds the device open.
     anchor: *mut ffi::CmId,
     pub(crate) pd: *mut ffi::Pd,
-    pub(crate) cq: *mut ffi::Cq,
     pub(crate) config: IbvConfig,
     pub(crate) limits: ffi::BiLimits,
     device_name: String,
@@ -130,7 +129,6 @@ impl IbvDevice {
             channel,
             anchor: core::ptr::null_mut(),
             pd: core::ptr::null_mut(),
-            cq: core::ptr::null_mut(),
             limits: ffi::BiLimits::default(),
             device_name: String::new(),
             regions: HashMap::with_capacity(config.regions),
@@ -184,10 +182,14 @@ impl IbvDevice {
         if rc != 0 {
             return Err(OpenError::Call("ibv_query_device", os_error(rc)));
         }
-        if self.config.cq_entries > self.limits.max_cqe {
+        // Completion queues of at most the device's size, enough of them
+        // for every queue pair's reservation.
+        let per_cq = self.limits.max_cqe.max(1);
+        let cqs = self.config.cq_entries.div_ceil(per_cq).max(1);
+        if cqs > self.limits.max_cq {
             return Err(OpenError::TooSmall(format!(
-                "expected {} completion-queue entries, the device allows {}",
-                self.config.cq_entries, self.limits.max_cqe
+                "expected {} completion-queue entries ({cqs} queues of {per_cq}), the device allows {} queues",
+                self.config.cq_entries, self.limits.max_cq
             )));
         }
         if self.config.regions > self.limits.max_mr as usize {
@@ -204,16 +206,20 @@ impl IbvDevice {
                 std::io::Error::last_os_error(),
             ));
         }
-        let entries = i32::try_from(self.config.cq_entries).unwrap_or(i32::MAX);
-        // SAFETY: as above.
-        self.cq = unsafe { ffi::bi_create_cq(ctx, entries) };
-        if self.cq.is_null() {
-            return Err(OpenError::Call(
-                "ibv_create_cq",
-                std::io::Error::last_os_error(),
-            ));
+        let mut left = self.config.cq_entries.max(1);
+        while left > 0 {
+            let entries = left.min(per_cq);
+            left -= entries;
+            // SAFETY: as above.
+            let cq = unsafe { ffi::bi_create_cq(ctx, entries as i32) };
+            if cq.is_null() {
+                return Err(OpenError::Call(
+                    "ibv_create_cq",
+                    std::io::Error::last_os_error(),
+                ));
+            }
+            self.conns.add_cq(cq, entries);
         }
-        self.conns.set_cq_budget(self.config.cq_entries);
         Ok(())
     }
 
@@ -393,9 +399,10 @@ impl Drop for IbvDevice {
         // SAFETY (each block below): every object is owned by this device
         // and released once, children before parents (QPs and MRs are gone
         // above).
-        if !self.cq.is_null() {
+        let cqs: Vec<*mut ffi::Cq> = self.conns.cqs().collect();
+        for cq in cqs {
             // SAFETY: as above.
-            unsafe { ffi::bi_destroy_cq(self.cq) };
+            unsafe { ffi::bi_destroy_cq(cq) };
         }
         if !self.pd.is_null() {
             // SAFETY: as above.

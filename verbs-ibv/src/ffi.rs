@@ -117,6 +117,7 @@ pub struct BiLimits {
     pub max_cqe: u32,
     pub max_mr: u32,
     pub max_qp_rd_atom: u32,
+    pub max_cq: u32,
 }
 
 #[repr(C)]
@@ -172,7 +173,7 @@ const _: () = {
     assert!(core::mem::size_of::<BiSend>() == 32 + 16 * MAX_SGE);
     assert!(core::mem::size_of::<BiRecv>() == 16 + 16 * MAX_SGE);
     assert!(core::mem::size_of::<BiWc>() == 32);
-    assert!(core::mem::size_of::<BiLimits>() == 24);
+    assert!(core::mem::size_of::<BiLimits>() == 28);
     assert!(core::mem::size_of::<BiConnParam>() == 16);
     assert!(core::mem::size_of::<BiEvent>() == 240);
 };

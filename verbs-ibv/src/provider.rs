@@ -53,18 +53,18 @@ impl IbvDevice {
             .get(conn)
             .ok_or(ConnectError::UnknownConnection)?
             .id;
-        if !self.conns.reserve_cq(send + recv) {
+        let Some((cq_index, cq)) = self.conns.reserve_cq(send + recv) else {
             return Err(ConnectError::NoResources);
-        }
+        };
         let mut qpn = 0;
         let sge = (ffi::MAX_SGE as u32).min(self.limits.max_sge.max(1));
         // SAFETY: `id`, `pd` and `cq` are live objects of this device.
-        let rc = unsafe { ffi::bi_create_qp(id, self.pd, self.cq, send, recv, sge, &raw mut qpn) };
+        let rc = unsafe { ffi::bi_create_qp(id, self.pd, cq, send, recv, sge, &raw mut qpn) };
         if rc != 0 {
-            self.conns.release_cq(send + recv);
+            self.conns.release_cq(cq_index, send + recv);
             return Err(ConnectError::NoResources);
         }
-        self.conns.set_qp(conn, qpn, send + recv);
+        self.conns.set_qp(conn, qpn, (cq_index, send + recv));
         let pending = core::mem::take(
             &mut self
                 .conns
@@ -281,22 +281,24 @@ impl Verbs for IbvDevice {
     fn poll_cq(&mut self, out: &mut [WorkCompletion]) -> usize {
         let mut raw = [BiWc::default(); ffi::POLL_MAX];
         let mut filled = 0;
-        while filled < out.len() {
-            let want = (out.len() - filled).min(ffi::POLL_MAX);
-            // SAFETY: `raw` has room for `want` completions; `cq` is live.
-            let got = unsafe { ffi::bi_poll_cq(self.cq, raw.as_mut_ptr(), want as i32) };
-            if got <= 0 {
-                break;
-            }
-            for wc in &raw[..got as usize] {
-                // Completions of a destroyed connection are dropped.
-                if let Some(conn) = self.conns.by_qpn(wc.qp_num) {
-                    out[filled] = translate::completion(wc, conn);
-                    filled += 1;
+        for cq in self.conns.cqs() {
+            while filled < out.len() {
+                let want = (out.len() - filled).min(ffi::POLL_MAX);
+                // SAFETY: `raw` has room for `want` completions; `cq` is live.
+                let got = unsafe { ffi::bi_poll_cq(cq, raw.as_mut_ptr(), want as i32) };
+                if got <= 0 {
+                    break;
                 }
-            }
-            if (got as usize) < want {
-                break;
+                for wc in &raw[..got as usize] {
+                    // Completions of a destroyed connection are dropped.
+                    if let Some(conn) = self.conns.by_qpn(wc.qp_num) {
+                        out[filled] = translate::completion(wc, conn);
+                        filled += 1;
+                    }
+                }
+                if (got as usize) < want {
+                    break;
+                }
             }
         }
         filled
