@@ -109,10 +109,11 @@ fn repeated(bed: &mut Bed, runs: usize) -> Result<()> {
         bad.len(),
         LIMIT.as_secs()
     ));
-    if !bad.is_empty() && bed.kind == TargetKind::LinuxReference {
+    if !bad.is_empty() && !bed.kind.answers_arp() {
         step(format!(
-            "linux-ref is the peer here, not asserted: {} of {runs} first maps hung on the \
-             client's missed neighbour update ({})",
+            "{}: the target's ARP is the Linux kernel's, not asserted: {} of {runs} first maps \
+             hung on the client's missed neighbour update ({})",
+            bed.kind.name(),
             bad.len(),
             bad.join("; ")
         ));

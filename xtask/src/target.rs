@@ -197,6 +197,14 @@ impl TargetKind {
         }
     }
 
+    /// Whether Brick answers the client's ARP (its own stack), so a first
+    /// map must not hang on the Linux client's missed neighbour update
+    /// (issue 13's race). On linux-ref and brick-verbs the target's ARP is
+    /// the Linux kernel's.
+    pub fn answers_arp(self) -> bool {
+        !matches!(self, TargetKind::LinuxReference | TargetKind::BrickVerbs)
+    }
+
     /// Whether the full tier runs it only when it is named with
     /// `--target` (the smoke tier runs every kind).
     pub fn explicit_only(self) -> bool {
