@@ -144,11 +144,22 @@ pub fn run(args: BenchArgs) -> Result<()> {
                 detach: "unmap $d",
             },
         ),
+        // The same kernel rxe in the same kind of VM as linux rnbd_server:
+        // this column compares the target engines like for like.
+        (
+            TargetKind::BrickVerbs,
+            Column {
+                name: "brick on rxe",
+                attach: attach_rnbd,
+                detach: "unmap $d",
+            },
+        ),
     ];
     let known = [
         TargetKind::LinuxReference,
         TargetKind::BrickHosted,
         TargetKind::BrickImage,
+        TargetKind::BrickVerbs,
     ];
     for name in &args.targets {
         if !known.iter().any(|k| k.name() == name) {

@@ -22,7 +22,7 @@
 //! first maps hung), and that is Linux's behaviour to show, not a Brick
 //! failure.
 
-use crate::target::{Bed, TargetKind};
+use crate::target::Bed;
 use crate::util::step;
 use anyhow::{bail, Context, Result};
 use std::time::Duration;

@@ -173,7 +173,10 @@ impl TargetKind {
     pub fn has_probe_port(self) -> bool {
         matches!(
             self,
-            TargetKind::BrickHosted | TargetKind::BrickImage | TargetKind::BrickUefi
+            TargetKind::BrickHosted
+                | TargetKind::BrickImage
+                | TargetKind::BrickUefi
+                | TargetKind::BrickVerbs
         )
     }
 
@@ -632,7 +635,7 @@ impl Target {
                     },
                 })
             }
-            TargetKind::BrickVerbs => Self::spawn_verbs(images, relays, mtu),
+            TargetKind::BrickVerbs => Self::spawn_verbs(images, relays, probe, mtu),
             TargetKind::BrickHosted => {
                 let binary = build_brick_target()?;
                 let dir = crate::paths::scratch("brick-target");
@@ -729,11 +732,18 @@ impl Target {
 
     /// brick-target on rxe in a Linux VM: the examples/ manifest with the
     /// image's limits (the VM's memory holds its registered arenas), the
-    /// release binary with every library it loads, one NIC per relay.
-    fn spawn_verbs(images: &Images, relays: &[Relay], mtu: u32) -> Result<Target> {
+    /// release binary with every library it loads, one NIC per relay and,
+    /// with `probe`, one more for the probe port (its own rxe device).
+    fn spawn_verbs(
+        images: &Images,
+        relays: &[Relay],
+        probe: Option<&Relay>,
+        mtu: u32,
+    ) -> Result<Target> {
         let binary = build_brick_target()?;
         let dir = crate::paths::scratch("brick-verbs");
-        let manifest_path = judge_manifest(relays.len(), mtu, false, Durable::None, &dir)?;
+        let manifest_path =
+            judge_manifest(relays.len(), mtu, probe.is_some(), Durable::None, &dir)?;
         let mut text = std::fs::read_to_string(&manifest_path)?;
         if !text.lines().any(|line| line.trim() == "[limits]") {
             text += IMAGE_LIMITS;
@@ -741,12 +751,14 @@ impl Target {
         }
         let manifest =
             manifest::compile_file(&manifest_path).map_err(|e| anyhow::anyhow!("{e}"))?;
-        if manifest.interfaces.len() != relays.len() {
+        let links = relays.len() + usize::from(probe.is_some());
+        if manifest.interfaces.len() != links {
             bail!(
-                "{} has {} interfaces, the bed has {} paths",
+                "{} has {} interfaces, the bed has {} paths and {} probe port",
                 manifest_path.display(),
                 manifest.interfaces.len(),
-                relays.len()
+                relays.len(),
+                usize::from(probe.is_some())
             );
         }
         let paths: Vec<PathAddress> = (0..relays.len()).map(path_address).collect();
@@ -764,6 +776,7 @@ impl Target {
         let volumes = manifest
             .volumes
             .iter()
+            .filter(|v| probe.is_none() || !PROBE_VOLUMES.contains(&v.name.as_str()))
             .map(|v| match &v.backing {
                 manifest::config::Backing::Ram { size } => Ok(Volume {
                     device_path: v.device_path.clone(),
@@ -789,6 +802,13 @@ impl Target {
                 address: format!("{}/{}", paths[i].target, paths[i].prefix),
             })
             .collect();
+        if let Some(relay) = probe {
+            config.nics.push(NicConfig {
+                socket: relay.b.clone(),
+                mac: PROBE_TARGET_MAC.into(),
+                address: format!("{PROBE_TARGET}/{PROBE_PREFIX}"),
+            });
+        }
         config.extra_files = crate::vmimage::libraries(&binary)?
             .into_iter()
             .map(|lib| (PathBuf::from(&lib), lib))
@@ -805,7 +825,7 @@ impl Target {
             volumes,
             nvme: None,
             restart: Restart::Reboot,
-            probe: None,
+            probe: probe.map(|_| probe_port(&manifest.limits)),
         };
         let vm = Box::new(Vm::spawn(images, config.clone())?);
         Ok(Target {
@@ -813,9 +833,7 @@ impl Target {
             runner: Runner::Vm {
                 vm: Some(vm),
                 config,
-                serve: Serve::Brick {
-                    links: relays.len(),
-                },
+                serve: Serve::Brick { links },
             },
         })
     }
