@@ -181,6 +181,8 @@ serve_brick() {
     links=""; i=0
     while [ $i -lt ${1:-1} ]; do links="$links --link ibv:rxe$i"; i=$((i + 1)); done
     modprobe rdma_ucm || die "modprobe rdma_ucm"
+    modprobe virtio_blk 2>/dev/null
+    n=0; while [ ! -b /dev/vda ] && [ $n -lt 50 ]; do n=$((n + 1)); sleep 0.2; done
     brick-target --manifest /etc/brick/target.toml $links > /tmp/brick-target.log 2>&1 &
     echo $! > /tmp/brick-target.pid
     n=0

@@ -45,6 +45,8 @@ pub struct VmConfig {
     pub overlays: Overlays,
     /// Extra host files (static binaries) put into the guest: host path, guest path.
     pub extra_files: Vec<(PathBuf, String)>,
+    /// Raw disk images, virtio-blk in order (`/dev/vda`, `/dev/vdb`, ...).
+    pub disks: Vec<PathBuf>,
 }
 
 impl VmConfig {
@@ -58,6 +60,7 @@ impl VmConfig {
             mtu: 1500,
             overlays: Overlays::default(),
             extra_files: Vec::new(),
+            disks: Vec::new(),
         }
     }
 }
@@ -154,6 +157,16 @@ impl Vm {
                     "virtio-net-pci,netdev=n{i},mac={},romfile=",
                     nic.mac
                 ));
+        }
+        for (i, disk) in config.disks.iter().enumerate() {
+            command
+                .arg("-drive")
+                .arg(format!(
+                    "file={},if=none,id=disk{i},format=raw,cache=writeback",
+                    disk.display()
+                ))
+                .arg("-device")
+                .arg(format!("virtio-blk-pci,drive=disk{i}"));
         }
         let log = std::fs::File::create(dir.join("qemu.log"))?;
         command

@@ -311,6 +311,9 @@ enum Durable {
     /// Namespace 1 of the NVMe controller [`NVME_SERIAL`], which the
     /// caller backs with `durable.img`.
     Nvme,
+    /// A Linux VM's first virtio disk as a block device (`/dev/vda`),
+    /// which the caller backs with `durable.img` (brick-verbs).
+    Block,
 }
 
 /// The serial of the brick-uefi target's NVMe controller.
@@ -354,6 +357,7 @@ fn judge_manifest(
             crate::image::disk_pci(0)
         ),
         Durable::Nvme => format!("kind = \"nvme\"\nserial = \"{NVME_SERIAL}\"\nnamespace = 1\n"),
+        Durable::Block => "kind = \"block\"\npath = \"/dev/vda\"\n".to_string(),
     };
     let durable_volume = format!(
         "\n# Added by the judge: a durable volume for the restart cases.\n\
@@ -743,7 +747,13 @@ impl Target {
         let binary = build_brick_target()?;
         let dir = crate::paths::scratch("brick-verbs");
         let manifest_path =
-            judge_manifest(relays.len(), mtu, probe.is_some(), Durable::None, &dir)?;
+            judge_manifest(relays.len(), mtu, probe.is_some(), Durable::Block, &dir)?;
+        // The durable volume's disk: created empty here, kept across
+        // restarts (a restart reboots the VM with the same disk).
+        let disk = dir.join(DURABLE_FILE);
+        std::fs::File::create(&disk)
+            .and_then(|file| file.set_len(DURABLE_MIB << 20))
+            .with_context(|| format!("create {}", disk.display()))?;
         let mut text = std::fs::read_to_string(&manifest_path)?;
         if !text.lines().any(|line| line.trim() == "[limits]") {
             text += IMAGE_LIMITS;
@@ -783,12 +793,24 @@ impl Target {
                     bytes: *size,
                     durable: false,
                 }),
-                other => bail!("volume {}: {other:?}: brick-verbs serves RAM", v.name),
+                manifest::config::Backing::Block { .. } => Ok(Volume {
+                    device_path: v.device_path.clone(),
+                    bytes: DURABLE_MIB << 20,
+                    durable: true,
+                }),
+                other => bail!(
+                    "volume {}: {other:?}: brick-verbs serves RAM and its disk",
+                    v.name
+                ),
             })
             .collect::<Result<Vec<_>>>()?;
         let mut config = VmConfig::new("brick-verbs-target");
         config.mtu = mtu;
-        config.memory_mib = 1536;
+        // The engine's arenas and RAM volumes, as the image counts them,
+        // plus the guest kernel, its initramfs and rxe.
+        let blob = manifest.to_binary().map_err(|e| anyhow::anyhow!("{e}"))?;
+        config.memory_mib = u32::try_from(crate::image::guest_mib(&blob) + 640).unwrap_or(4096);
+        config.disks = vec![disk];
         config.overlays = Overlays {
             fio: false,
             rping: true,
