@@ -12,7 +12,7 @@ use verbs::{
 
 use crate::conn::{Dial, State, PENDING_RECV_PASSIVE};
 use crate::device::IbvDevice;
-use crate::ffi::{self, BiConnParam, BiEvent, BiRecv, BiSend, BiWc};
+use crate::ffi::{self, BiConnParam, BiEvent, BiWc};
 use crate::translate;
 
 /// How long rdma_cm resolves an address or a route, in milliseconds.
@@ -40,6 +40,31 @@ fn param(data: &[u8], retry: u8, rnr: u8, rr: u8, depth: u8) -> BiConnParam {
         rnr_retry_count: rnr,
         pad: [0; 3],
     }
+}
+
+/// Posts `requests` in batches of at most [`ffi::POST_MAX`], each
+/// translated into the C layer's form first (a translation error posts
+/// nothing of its batch); `post(batch, len)` returns 0 or a negative errno.
+fn post_batches<W, B: Copy + Default>(
+    requests: &[W],
+    translate: impl Fn(&W) -> Result<B, PostError>,
+    post: impl Fn(*const B, i32) -> i32,
+) -> Result<(), PostError> {
+    let mut batch = [B::default(); ffi::POST_MAX];
+    for chunk in requests.chunks(ffi::POST_MAX) {
+        for (slot, wr) in batch.iter_mut().zip(chunk) {
+            *slot = translate(wr)?;
+        }
+        // At most POST_MAX (16) requests: fits an i32.
+        let rc = post(batch.as_ptr(), chunk.len() as i32);
+        if rc == -libc::ENOMEM {
+            return Err(PostError::QueueFull);
+        }
+        if rc != 0 {
+            return Err(PostError::NotConnected);
+        }
+    }
+    Ok(())
 }
 
 impl IbvDevice {
@@ -221,23 +246,13 @@ impl Verbs for IbvDevice {
             return Err(PostError::NotConnected);
         }
         let id = c.id;
-        let mut batch = [BiSend::default(); ffi::POST_MAX];
-        for chunk in requests.chunks(ffi::POST_MAX) {
-            for (slot, wr) in batch.iter_mut().zip(chunk) {
-                *slot = translate::send(self, wr)?;
-            }
-            // SAFETY: `batch[..len]` are initialised requests whose SGEs
-            // lie in registered memory; `id` has a queue pair.
-            let rc = unsafe { ffi::bi_post_send(id, batch.as_ptr(), chunk.len() as i32) };
-            if rc != 0 {
-                return Err(if rc == -libc::ENOMEM {
-                    PostError::QueueFull
-                } else {
-                    PostError::NotConnected
-                });
-            }
-        }
-        Ok(())
+        // SAFETY: each batch holds translated requests whose SGEs lie in
+        // registered memory; `id` has a queue pair.
+        post_batches(
+            requests,
+            |wr| translate::send(self, wr),
+            |batch, n| unsafe { ffi::bi_post_send(id, batch, n) },
+        )
     }
 
     fn post_recv(&mut self, conn: ConnId, requests: &[RecvWr]) -> Result<(), PostError> {
@@ -260,22 +275,12 @@ impl Verbs for IbvDevice {
             c.pending.extend_from_slice(requests);
             return Ok(());
         }
-        let mut batch = [BiRecv::default(); ffi::POST_MAX];
-        for chunk in requests.chunks(ffi::POST_MAX) {
-            for (slot, wr) in batch.iter_mut().zip(chunk) {
-                *slot = translate::recv(self, wr)?;
-            }
-            // SAFETY: as in `post_send`.
-            let rc = unsafe { ffi::bi_post_recv(id, batch.as_ptr(), chunk.len() as i32) };
-            if rc != 0 {
-                return Err(if rc == -libc::ENOMEM {
-                    PostError::QueueFull
-                } else {
-                    PostError::NotConnected
-                });
-            }
-        }
-        Ok(())
+        // SAFETY: as in `post_send`.
+        post_batches(
+            requests,
+            |wr| translate::recv(self, wr),
+            |batch, n| unsafe { ffi::bi_post_recv(id, batch, n) },
+        )
     }
 
     fn poll_cq(&mut self, out: &mut [WorkCompletion]) -> usize {

@@ -254,6 +254,28 @@ enum Serve {
     Brick { links: usize },
 }
 
+/// A Linux target VM: the rping overlay (libibverbs, librdmacm and the rxe
+/// provider), one NIC per relay at the path's target address.
+fn target_vm(name: &str, relays: &[Relay], paths: &[PathAddress], mtu: u32) -> VmConfig {
+    let mut config = VmConfig::new(name);
+    config.mtu = mtu;
+    config.overlays = Overlays {
+        fio: false,
+        rping: true,
+    };
+    config.nics = relays
+        .iter()
+        .zip(paths)
+        .enumerate()
+        .map(|(i, (relay, path))| NicConfig {
+            socket: relay.b.clone(),
+            mac: mac(i, 1),
+            address: format!("{}/{}", path.target, path.prefix),
+        })
+        .collect();
+    config
+}
+
 /// How a target runs.
 enum Runner {
     /// A Linux VM (the reference target, or brick-target on rxe).
@@ -595,21 +617,7 @@ impl Target {
         match kind {
             TargetKind::LinuxReference => {
                 let paths: Vec<PathAddress> = (0..relays.len()).map(path_address).collect();
-                let mut config = VmConfig::new("linux-target");
-                config.mtu = mtu;
-                config.overlays = Overlays {
-                    fio: false,
-                    rping: true,
-                };
-                config.nics = relays
-                    .iter()
-                    .enumerate()
-                    .map(|(i, relay)| NicConfig {
-                        socket: relay.b.clone(),
-                        mac: mac(i, 1),
-                        address: format!("{}/{}", paths[i].target, paths[i].prefix),
-                    })
-                    .collect();
+                let config = target_vm("linux-target", relays, &paths, mtu);
                 let bytes = REF_DISK_MIB << 20;
                 let descriptor = TargetDescriptor {
                     name: kind.name().to_string(),
@@ -804,26 +812,12 @@ impl Target {
                 ),
             })
             .collect::<Result<Vec<_>>>()?;
-        let mut config = VmConfig::new("brick-verbs-target");
-        config.mtu = mtu;
+        let mut config = target_vm("brick-verbs-target", relays, &paths, mtu);
         // The engine's arenas and RAM volumes, as the image counts them,
         // plus the guest kernel, its initramfs and rxe.
         let blob = manifest.to_binary().map_err(|e| anyhow::anyhow!("{e}"))?;
         config.memory_mib = u32::try_from(crate::image::guest_mib(&blob) + 640).unwrap_or(4096);
         config.disks = vec![disk];
-        config.overlays = Overlays {
-            fio: false,
-            rping: true,
-        };
-        config.nics = relays
-            .iter()
-            .enumerate()
-            .map(|(i, relay)| NicConfig {
-                socket: relay.b.clone(),
-                mac: mac(i, 1),
-                address: format!("{}/{}", paths[i].target, paths[i].prefix),
-            })
-            .collect();
         if let Some(relay) = probe {
             config.nics.push(NicConfig {
                 socket: relay.b.clone(),

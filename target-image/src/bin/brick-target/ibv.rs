@@ -5,7 +5,6 @@
 //! the connection managers' descriptors in short slices (completions have
 //! no descriptor: the data path never waits on a completion channel).
 
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use hal::hosted::{signals, MonotonicClock, PollIdle};
@@ -20,8 +19,6 @@ const SPIN_NS: u64 = 20_000_000;
 /// The longest sleep while idle: how late a first request after a pause
 /// can be seen.
 const IDLE_SLICE_NS: u64 = 1_000_000;
-/// How long shutdown waits for disconnects to go out.
-const SHUTDOWN_NS: u64 = 2_000_000_000;
 
 /// Serves the manifest on `links` (one per interface, in order).
 pub fn run(manifest: Manifest<'_>, links: &[IbvLink]) -> Result<(), String> {
@@ -66,19 +63,9 @@ pub fn run(manifest: Manifest<'_>, links: &[IbvLink]) -> Result<(), String> {
     let mut stop_deadline = None;
     loop {
         let now = clock.now();
-        if signals::STATS.swap(false, Ordering::SeqCst) {
-            eprint!("{}", engine.stats());
-        }
-        if stop_deadline.is_none() && signals::STOP.load(Ordering::SeqCst) {
-            eprintln!("brick-target: stopping: closing every path");
-            engine.close_all(now);
-            stop_deadline = Some(now + SHUTDOWN_NS);
-        }
-        if let Some(deadline) = stop_deadline {
-            if now >= deadline || engine.is_quiet() {
-                let _ = engine.poll(now, &mut sink);
-                break;
-            }
+        if super::stopped(&mut engine, now, &mut stop_deadline) {
+            let _ = engine.poll(now, &mut sink);
+            break;
         }
         if engine.poll(now, &mut sink) {
             last_work = now;

@@ -199,23 +199,13 @@ fn run(args: Args) -> Result<(), String> {
     let mut stop_deadline = None;
     loop {
         let now = clock.now();
-        if signals::STATS.swap(false, Ordering::SeqCst) {
-            eprint!("{}", engine.stats());
-        }
-        if stop_deadline.is_none() && signals::STOP.load(Ordering::SeqCst) {
-            eprintln!("brick-target: stopping: closing every path");
-            engine.close_all(now);
-            stop_deadline = Some(now + SHUTDOWN_NS);
-        }
-        if let Some(deadline) = stop_deadline {
-            if now >= deadline || engine.is_quiet() {
-                // Let the last frames out.
-                let _ = engine.poll(now, &mut Sink(&mut links));
-                for link in &mut links {
-                    link.flush();
-                }
-                break;
+        if stopped(&mut engine, now, &mut stop_deadline) {
+            // Let the last frames out.
+            let _ = engine.poll(now, &mut Sink(&mut links));
+            for link in &mut links {
+                link.flush();
             }
+            break;
         }
         let mut busy = false;
         for (index, link) in links.iter_mut().enumerate() {
@@ -263,6 +253,26 @@ fn run(args: Args) -> Result<(), String> {
     eprint!("{}", engine.stats());
     eprintln!("brick-target: stopped");
     Ok(())
+}
+
+/// Answers the signals once per loop turn: SIGUSR1 prints statistics;
+/// SIGINT/SIGTERM start closing every path and set `stop_deadline`.
+/// Returns whether the loop should stop now (the deadline passed, or every
+/// path is gone).
+fn stopped<P: target_image::Port, D: hal::block::BlockDevice<target_image::Chunk>>(
+    engine: &mut Engine<'_, P, D>,
+    now: u64,
+    stop_deadline: &mut Option<u64>,
+) -> bool {
+    if signals::STATS.swap(false, Ordering::SeqCst) {
+        eprint!("{}", engine.stats());
+    }
+    if stop_deadline.is_none() && signals::STOP.load(Ordering::SeqCst) {
+        eprintln!("brick-target: stopping: closing every path");
+        engine.close_all(now);
+        *stop_deadline = Some(now + SHUTDOWN_NS);
+    }
+    stop_deadline.is_some_and(|deadline| now >= deadline || engine.is_quiet())
 }
 
 fn main() -> ExitCode {
