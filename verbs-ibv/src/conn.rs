@@ -218,3 +218,49 @@ impl Conns {
         self.listeners.iter().any(|&(_, l)| l == id)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn queue_pairs_reserve_from_the_first_completion_queue_with_room() {
+        let mut conns = Conns::new(4);
+        let (a, b) = (4 as *mut ffi::Cq, 8 as *mut ffi::Cq);
+        conns.add_cq(a, 100);
+        conns.add_cq(b, 100);
+        assert_eq!(conns.reserve_cq(60), Some((0, a)));
+        assert_eq!(conns.reserve_cq(60), Some((1, b)), "40 left in the first");
+        assert_eq!(conns.reserve_cq(40), Some((0, a)));
+        assert_eq!(
+            conns.reserve_cq(41),
+            None,
+            "no queue has 41 free: refused, never overflowed"
+        );
+        conns.release_cq(1, 60);
+        assert_eq!(conns.reserve_cq(100), Some((1, b)));
+        assert_eq!(conns.cqs().count(), 2);
+    }
+
+    #[test]
+    fn a_full_table_refuses_and_ids_carry_their_slot() {
+        let mut conns = Conns::new(2);
+        let first = conns
+            .insert(16 as *mut ffi::CmId, State::Requested, 1)
+            .unwrap();
+        let second = conns
+            .insert(32 as *mut ffi::CmId, State::Resolving, 4)
+            .unwrap();
+        assert_ne!(first, second);
+        assert!(conns
+            .insert(48 as *mut ffi::CmId, State::Requested, 1)
+            .is_none());
+        assert_eq!(conns.by_id(32 as *mut ffi::CmId), Some(second));
+        assert_eq!(conns.get(second).map(|c| c.pending.capacity()), Some(4));
+        conns.set_qp(first, 77, (0, 10));
+        assert_eq!(conns.by_qpn(77), Some(first));
+        // A stale id (another generation of the same slot) names nothing.
+        assert!(conns.get(ConnId(first.0 + (1 << INDEX_BITS))).is_none());
+        assert_eq!(conns.live(), 2);
+    }
+}
