@@ -101,8 +101,37 @@ struct ibv_pd *bi_alloc_pd(struct ibv_context *ctx) { return ibv_alloc_pd(ctx); 
 
 int bi_dealloc_pd(struct ibv_pd *pd) { return -ibv_dealloc_pd(pd); }
 
-struct ibv_cq *bi_create_cq(struct ibv_context *ctx, int entries) {
-	return ibv_create_cq(ctx, entries, NULL, NULL, 0);
+struct ibv_comp_channel *bi_comp_channel(struct ibv_context *ctx) {
+	struct ibv_comp_channel *ch = ibv_create_comp_channel(ctx);
+	if (!ch)
+		return NULL;
+	int flags = fcntl(ch->fd, F_GETFL);
+	if (flags < 0 || fcntl(ch->fd, F_SETFL, flags | O_NONBLOCK) < 0) {
+		ibv_destroy_comp_channel(ch);
+		return NULL;
+	}
+	return ch;
+}
+
+int bi_comp_fd(struct ibv_comp_channel *ch) { return ch->fd; }
+
+int bi_destroy_comp_channel(struct ibv_comp_channel *ch) { return -ibv_destroy_comp_channel(ch); }
+
+struct ibv_cq *bi_create_cq(struct ibv_context *ctx, int entries, struct ibv_comp_channel *ch) {
+	return ibv_create_cq(ctx, entries, NULL, ch, 0);
+}
+
+int bi_arm_cq(struct ibv_cq *cq) { return -ibv_req_notify_cq(cq, 0); }
+
+int bi_drain_comp_events(struct ibv_comp_channel *ch) {
+	struct ibv_cq *cq;
+	void *context;
+	int n = 0;
+	while (ibv_get_cq_event(ch, &cq, &context) == 0) {
+		ibv_ack_cq_events(cq, 1);
+		n++;
+	}
+	return n;
 }
 
 int bi_destroy_cq(struct ibv_cq *cq) { return -ibv_destroy_cq(cq); }

@@ -93,6 +93,9 @@ pub struct IbvDevice {
     /// The id bound to the configured address: it holds the device open.
     anchor: *mut ffi::CmId,
     pub(crate) pd: *mut ffi::Pd,
+    /// Wakes an idle loop when an armed completion queue gets an entry
+    /// ([`IbvDevice::arm`]); never read on the data path.
+    comp: *mut ffi::CompChannel,
     pub(crate) config: IbvConfig,
     pub(crate) limits: ffi::BiLimits,
     device_name: String,
@@ -129,6 +132,7 @@ impl IbvDevice {
             channel,
             anchor: core::ptr::null_mut(),
             pd: core::ptr::null_mut(),
+            comp: core::ptr::null_mut(),
             limits: ffi::BiLimits::default(),
             device_name: String::new(),
             regions: HashMap::with_capacity(config.regions),
@@ -206,12 +210,20 @@ impl IbvDevice {
                 std::io::Error::last_os_error(),
             ));
         }
+        // SAFETY: as above.
+        self.comp = unsafe { ffi::bi_comp_channel(ctx) };
+        if self.comp.is_null() {
+            return Err(OpenError::Call(
+                "ibv_create_comp_channel",
+                std::io::Error::last_os_error(),
+            ));
+        }
         let mut left = self.config.cq_entries.max(1);
         while left > 0 {
             let entries = left.min(per_cq);
             left -= entries;
             // SAFETY: as above.
-            let cq = unsafe { ffi::bi_create_cq(ctx, entries as i32) };
+            let cq = unsafe { ffi::bi_create_cq(ctx, entries as i32, self.comp) };
             if cq.is_null() {
                 return Err(OpenError::Call(
                     "ibv_create_cq",
@@ -239,6 +251,33 @@ impl IbvDevice {
     pub fn cm_fd(&self) -> i32 {
         // SAFETY: `channel` is live for the device's life.
         unsafe { ffi::bi_channel_fd(self.channel) }
+    }
+
+    /// Descriptors an idle loop sleeps on: the connection manager's, and
+    /// the completion channel's (readable once an armed queue gets an
+    /// entry).
+    pub fn wake_fds(&self) -> [i32; 2] {
+        // SAFETY: both channels are live for the device's life.
+        [self.cm_fd(), unsafe { ffi::bi_comp_fd(self.comp) }]
+    }
+
+    /// Before an idle loop sleeps: asks every completion queue to signal
+    /// the completion channel on its next entry. Poll once more after
+    /// arming (an entry that came before it signals nothing) and sleep
+    /// only if that finds nothing. Returns whether every queue was armed.
+    pub fn arm(&self) -> bool {
+        // SAFETY: each queue is live; arming only sets its notify state.
+        self.conns
+            .cqs()
+            .all(|cq| unsafe { ffi::bi_arm_cq(cq) } == 0)
+    }
+
+    /// After a sleep: takes and acknowledges the completion channel's
+    /// events (the loop polls the queues itself). Returns how many.
+    pub fn disarm(&self) -> usize {
+        // SAFETY: the channel is live and non-blocking.
+        let n = unsafe { ffi::bi_drain_comp_events(self.comp) };
+        usize::try_from(n).unwrap_or(0)
     }
 
     /// Connections (queue pairs) open now.
@@ -391,6 +430,9 @@ impl Memory for IbvDevice {
 
 impl Drop for IbvDevice {
     fn drop(&mut self) {
+        if !self.comp.is_null() {
+            self.disarm();
+        }
         self.conns.destroy_all();
         let keys: Vec<u32> = self.regions.keys().copied().collect();
         for lkey in keys {
@@ -403,6 +445,11 @@ impl Drop for IbvDevice {
         for cq in cqs {
             // SAFETY: as above.
             unsafe { ffi::bi_destroy_cq(cq) };
+        }
+        if !self.comp.is_null() {
+            // SAFETY: as above; its queues are gone (their events were
+            // acknowledged before they were destroyed).
+            unsafe { ffi::bi_destroy_comp_channel(self.comp) };
         }
         if !self.pd.is_null() {
             // SAFETY: as above.

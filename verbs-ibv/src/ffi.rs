@@ -59,6 +59,10 @@ pub struct Cq {
     _private: [u8; 0],
 }
 #[repr(C)]
+pub struct CompChannel {
+    _private: [u8; 0],
+}
+#[repr(C)]
 pub struct Mr {
     _private: [u8; 0],
 }
@@ -196,7 +200,12 @@ extern "C" {
     pub fn bi_device_limits(ctx: *mut Context, out: *mut BiLimits) -> c_int;
     pub fn bi_alloc_pd(ctx: *mut Context) -> *mut Pd;
     pub fn bi_dealloc_pd(pd: *mut Pd) -> c_int;
-    pub fn bi_create_cq(ctx: *mut Context, entries: c_int) -> *mut Cq;
+    pub fn bi_comp_channel(ctx: *mut Context) -> *mut CompChannel;
+    pub fn bi_comp_fd(ch: *mut CompChannel) -> c_int;
+    pub fn bi_destroy_comp_channel(ch: *mut CompChannel) -> c_int;
+    pub fn bi_create_cq(ctx: *mut Context, entries: c_int, ch: *mut CompChannel) -> *mut Cq;
+    pub fn bi_arm_cq(cq: *mut Cq) -> c_int;
+    pub fn bi_drain_comp_events(ch: *mut CompChannel) -> c_int;
     pub fn bi_destroy_cq(cq: *mut Cq) -> c_int;
     pub fn bi_reg_mr(
         pd: *mut Pd,

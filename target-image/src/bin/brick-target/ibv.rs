@@ -1,9 +1,11 @@
 //! `brick-target` on RDMA devices (`--link ibv:DEVICE[:PORT]`): one
 //! [`IbvDevice`] per manifest interface, found by the interface's address,
 //! the same engine over them, and a loop that polls the completion queues
-//! busily while there is work and for a short while after, then sleeps on
-//! the connection managers' descriptors in short slices (completions have
-//! no descriptor: the data path never waits on a completion channel).
+//! busily while there is work and for a short while after. Only then, idle,
+//! it arms the queues and sleeps on the completion and connection-manager
+//! channels (and the volumes' descriptors) until the engine's next
+//! deadline: under load the data path never waits on a completion channel,
+//! and an idle target burns no CPU.
 
 use std::time::Duration;
 
@@ -16,8 +18,8 @@ use verbs_ibv::{IbvDevice, IbvLink};
 
 /// How long the loop keeps polling after the last work before it sleeps.
 const SPIN_NS: u64 = 20_000_000;
-/// The longest sleep while idle: how late a first request after a pause
-/// can be seen.
+/// The longest sleep while idle if a completion queue could not be armed
+/// (then only polling sees its entries).
 const IDLE_SLICE_NS: u64 = 1_000_000;
 
 /// Serves the manifest on `links` (one per interface, in order).
@@ -37,7 +39,7 @@ pub fn run(manifest: Manifest<'_>, links: &[IbvLink]) -> Result<(), String> {
         );
         devices.push(device);
     }
-    let fds: Vec<i32> = devices.iter().map(IbvDevice::cm_fd).collect();
+    let fds: Vec<i32> = devices.iter().flat_map(IbvDevice::wake_fds).collect();
     let target = manifest.target();
     let mut engine =
         Engine::with_ports(manifest, devices, hosted::open_volume).map_err(|e| e.to_string())?;
@@ -75,23 +77,34 @@ pub fn run(manifest: Manifest<'_>, links: &[IbvLink]) -> Result<(), String> {
             std::thread::yield_now();
             continue;
         }
-        let mut wake = now + IDLE_SLICE_NS;
-        if let Some(at) = engine.poll_at(now) {
-            if at <= now {
-                continue;
+        // Idle: arm the completion queues, look once more (an entry that
+        // came before arming signals nothing), then sleep until a
+        // completion, a connection event, a volume or the engine's next
+        // deadline.
+        let devices = || (0..engine.interface_count()).filter_map(|i| engine.hca(i));
+        let armed = devices().all(IbvDevice::arm);
+        let busy = engine.poll(now, &mut sink);
+        let mut wake = engine.poll_at(now);
+        if let Some(deadline) = stop_deadline {
+            wake = Some(wake.map_or(deadline, |w| w.min(deadline)));
+        }
+        if !armed {
+            wake = Some(wake.map_or(now + IDLE_SLICE_NS, |w| w.min(now + IDLE_SLICE_NS)));
+        }
+        if !busy && wake.is_none_or(|w| w > now) {
+            idle.clear();
+            for &fd in &fds {
+                idle.watch_readable(fd);
             }
-            wake = wake.min(at);
+            for fd in engine.volume_fds() {
+                idle.watch_readable(fd);
+            }
+            idle.wait(wake).map_err(|e| format!("ppoll: {e}"))?;
         }
-        idle.clear();
-        for &fd in &fds {
-            idle.watch_readable(fd);
+        for device in (0..engine.interface_count()).filter_map(|i| engine.hca(i)) {
+            device.disarm();
         }
-        for fd in engine.volume_fds() {
-            idle.watch_readable(fd);
-        }
-        if idle.wait(Some(wake)).map_err(|e| format!("ppoll: {e}"))? {
-            last_work = clock.now();
-        }
+        last_work = clock.now();
     }
     // Let the disconnects reach the wire before the devices close.
     std::thread::sleep(Duration::from_millis(50));
