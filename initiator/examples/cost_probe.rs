@@ -13,7 +13,7 @@
 //! with the same warm-up (xtask/src/bench_cost.rs).
 //!
 //! ```text
-//! cost_probe read|write BYTES WARMUP IOS [DEPTH [image|default]]
+//! cost_probe read|write|idle BYTES WARMUP IOS [DEPTH [image|default]]
 //! ```
 //!
 //! The target's tables are sized from its manifest's `[limits]`: `image`
@@ -22,7 +22,9 @@
 //!
 //! The volume is written first (so reads return data), then `WARMUP` IOs
 //! of the workload, then `IOS` measured ones, `DEPTH` in flight. Every
-//! read is checked against what was written. The probe prints one line:
+//! read is checked against what was written. `idle` runs `WARMUP` then
+//! `IOS` loop turns with nothing to do instead (the target polled once
+//! each, its session open). The probe prints one line:
 //! `cost-probe: ... measured_ios=IOS allocations=A other_allocations=B`
 //! where `A` counts the allocator calls the target made during the
 //! measured IOs and `B` those of the initiator and the probe.
@@ -247,10 +249,16 @@ impl Probe {
     /// One loop turn of both sides: the target while it has work, then
     /// the client.
     fn turn(&mut self) {
+        self.turn_forced(false);
+    }
+
+    /// [`Probe::turn`]; `force` runs the target side even with nothing
+    /// to do (an idle turn of its loop).
+    fn turn_forced(&mut self, force: bool) {
         self.now += STEP;
         let now = self.now;
         let due = self.engine.poll_at(now).is_some_and(|at| at <= now);
-        if !self.wire.to_engine.is_empty() || due {
+        if force || !self.wire.to_engine.is_empty() || due {
             IN_TARGET.with(|t| t.set(true));
             while target_side(&mut self.engine, &mut self.wire, now) {}
             IN_TARGET.with(|t| t.set(false));
@@ -364,7 +372,7 @@ impl Probe {
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let usage = "usage: cost_probe read|write BYTES WARMUP IOS [DEPTH [image|default]]";
+    let usage = "usage: cost_probe read|write|idle BYTES WARMUP IOS [DEPTH [image|default]]";
     let number = |i: usize, default: Option<u64>| -> u64 {
         match args.get(i) {
             Some(text) => text
@@ -373,10 +381,12 @@ fn main() {
             None => default.unwrap_or_else(|| panic!("{usage}")),
         }
     };
-    let write = match args.first().map(String::as_str) {
-        Some("read") => false,
-        Some("write") => true,
-        other => panic!("expected read or write, found {other:?}; {usage}"),
+    let kind = args.first().cloned().unwrap_or_default();
+    let (write, idle) = match kind.as_str() {
+        "read" => (false, false),
+        "write" => (true, false),
+        "idle" => (false, true),
+        other => panic!("expected read, write or idle, found {other:?}; {usage}"),
     };
     let bytes = u32::try_from(number(1, None)).expect("BYTES fits 32 bits");
     let (warmup, ios, depth) = (number(2, None), number(3, None), number(4, Some(1)));
@@ -397,14 +407,23 @@ fn main() {
             let volume = probe.connect_and_open();
             // Fill the checked slots so reads return known bytes.
             probe.run_ios(volume, true, bytes, (SPAN / u64::from(bytes)).min(64), 1);
-            probe.run_ios(volume, write, bytes, warmup, depth);
-            COUNTING.with(|c| c.set(true));
-            probe.run_ios(volume, write, bytes, ios, depth);
-            COUNTING.with(|c| c.set(false));
+            if idle {
+                // Loop turns with nothing to do: the cost of one poll of
+                // an idle target with one open session.
+                (0..warmup).for_each(|_| probe.turn_forced(true));
+                COUNTING.with(|c| c.set(true));
+                (0..ios).for_each(|_| probe.turn_forced(true));
+                COUNTING.with(|c| c.set(false));
+            } else {
+                probe.run_ios(volume, write, bytes, warmup, depth);
+                COUNTING.with(|c| c.set(true));
+                probe.run_ios(volume, write, bytes, ios, depth);
+                COUNTING.with(|c| c.set(false));
+            }
             println!(
                 "cost-probe: kind={} bytes={bytes} depth={depth} warmup={warmup} \
                  limits={} measured_ios={ios} allocations={} other_allocations={} answered={}",
-                if write { "write" } else { "read" },
+                kind,
                 if default_limits { "default" } else { "image" },
                 TARGET_ALLOCATIONS.load(Ordering::Relaxed),
                 OTHER_ALLOCATIONS.load(Ordering::Relaxed),

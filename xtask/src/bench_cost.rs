@@ -16,7 +16,10 @@
 //! whoever calls them) and CRC (`crc32fast`) are columns of their own,
 //! and "beyond" is everything else, against the goal of issue 17: at
 //! most 3,000 instructions per 4 KiB IO beyond copy and CRC. Inlined code
-//! counts where it was inlined. The probe also counts the allocator calls
+//! counts where it was inlined. A fifth row, "idle turn", is the cost of
+//! one poll of the target with nothing to do (its session open): what
+//! each loop turn of an IO pays before it does any work. The probe also
+//! counts the allocator calls
 //! made inside the target during the measured IOs (must be 0).
 
 use crate::callgrind::{is_copy_symbol, layer, Layer, Profile};
@@ -52,13 +55,24 @@ pub struct BenchCostArgs {
 /// The goal of issue 17: instructions per 4 KiB IO beyond copy and CRC.
 const GOAL: f64 = 3_000.0;
 
+/// Callers of the copy routines listed per workload.
+const COPY_CALLERS: usize = 5;
+
 /// The function callgrind collects inside.
 const TARGET_SIDE: &str = "cost_probe::target_side";
 
 struct Workload {
     name: &'static str,
+    /// The probe's first argument: `read`, `write`, or `idle` (loop turns
+    /// with nothing to do; "per IO" is then per turn).
     kind: &'static str,
     bytes: u32,
+}
+
+impl Workload {
+    fn is_idle(&self) -> bool {
+        self.kind == "idle"
+    }
 }
 
 const WORKLOADS: &[Workload] = &[
@@ -82,6 +96,11 @@ const WORKLOADS: &[Workload] = &[
         kind: "write",
         bytes: 128 << 10,
     },
+    Workload {
+        name: "idle turn",
+        kind: "idle",
+        bytes: 4096,
+    },
 ];
 
 /// One workload's figures, per measured IO.
@@ -95,6 +114,8 @@ struct Measured {
     allocations: u64,
     allocation_ios: u64,
     top: Vec<(String, f64)>,
+    /// Who calls the copy routines: (caller, calls, instructions) per IO.
+    copy_callers: Vec<(String, f64, f64)>,
 }
 
 /// `cargo xtask bench-cost`.
@@ -230,6 +251,13 @@ fn measure(
             .into_iter()
             .map(|(f, v)| (f, per_io(v)))
             .collect(),
+        copy_callers: diff
+            .callers_of(is_copy_symbol)
+            .into_iter()
+            .filter(|(_, count, _)| *count > 0)
+            .take(COPY_CALLERS)
+            .map(|(f, count, cost)| (f, per_io(count), per_io(cost)))
+            .collect(),
     })
 }
 
@@ -264,7 +292,15 @@ fn method(args: &BenchCostArgs) -> String {
     )
 }
 
+fn column(m: &Measured, layer: Layer) -> f64 {
+    m.layers.iter().find(|l| l.0 == layer).map_or(0.0, |l| l.1)
+}
+
 fn print_table(args: &BenchCostArgs, results: &[Measured]) {
+    let idle = results
+        .iter()
+        .find(|m| m.workload.is_idle())
+        .map(|m| m.total);
     println!("bench-cost: {}", method(args));
     print!("{:<14}", "workload");
     for layer in Layer::ALL {
@@ -280,9 +316,20 @@ fn print_table(args: &BenchCostArgs, results: &[Measured]) {
     }
     println!();
     for m in results {
+        if m.workload.is_idle() {
+            println!(
+                "bench-cost: idle turn x {}: {} instructions per poll of the target with \
+                 nothing to do (one session open), {} of them CM/HCA; every IO above pays \
+                 it once per loop turn",
+                args.ios,
+                thousands(m.total),
+                thousands(column(m, Layer::Hca)),
+            );
+            continue;
+        }
         println!(
             "bench-cost: {} x {}: beyond copy+CRC {} per IO (goal {}: {}); copy {} in {:.1} \
-             calls, CRC {}; {:.1} loop turns per IO; allocations per IO {} ({} in {} IOs)",
+             calls, CRC {}; {:.1} loop turns per IO{}; allocations per IO {} ({} in {} IOs)",
             m.workload.name,
             args.ios,
             thousands(m.beyond),
@@ -292,20 +339,16 @@ fn print_table(args: &BenchCostArgs, results: &[Measured]) {
             } else {
                 format!("{:.1}x over", m.beyond / GOAL)
             },
-            thousands(
-                m.layers
-                    .iter()
-                    .find(|l| l.0 == Layer::Copy)
-                    .map_or(0.0, |l| l.1)
-            ),
+            thousands(column(m, Layer::Copy)),
             m.copy_calls,
-            thousands(
-                m.layers
-                    .iter()
-                    .find(|l| l.0 == Layer::Crc)
-                    .map_or(0.0, |l| l.1)
-            ),
+            thousands(column(m, Layer::Crc)),
             m.turns,
+            idle.map_or(String::new(), |idle| format!(
+                " (at the idle turn's {} each: {}, the rest {})",
+                thousands(idle),
+                thousands(m.turns * idle),
+                thousands(m.beyond - m.turns * idle)
+            )),
             m.allocations as f64 / m.allocation_ios as f64,
             m.allocations,
             m.allocation_ios,
@@ -318,7 +361,13 @@ fn print_table(args: &BenchCostArgs, results: &[Measured]) {
             m.workload.name
         );
         for (name, v) in &m.top {
-            println!("  {:>10}  {:<7} {name}", thousands(*v), layer(name).name());
+            println!("  {:>10}  {:<9} {name}", thousands(*v), layer(name).name());
+        }
+        if !m.copy_callers.is_empty() {
+            println!("  copies by caller (instructions, calls per IO):");
+        }
+        for (caller, calls, cost) in &m.copy_callers {
+            println!("  {:>10}  {calls:>9.1} {caller}", thousands(*cost));
         }
     }
 }
@@ -339,11 +388,14 @@ fn json(args: &BenchCostArgs, results: &[Measured]) -> serde_json::Value {
                 "per_io": layers,
                 "total": m.total.round(),
                 "beyond_copy_crc": m.beyond.round(),
-                "goal": GOAL,
+                "goal": if m.workload.is_idle() { serde_json::Value::Null } else { GOAL.into() },
                 "copy_calls_per_io": m.copy_calls,
                 "loop_turns_per_io": m.turns,
                 "allocations": m.allocations,
                 "allocation_ios": m.allocation_ios,
+                "copy_callers": m.copy_callers.iter().map(|(f, calls, cost)| serde_json::json!({
+                    "caller": f, "calls_per_io": calls, "per_io": cost.round(),
+                })).collect::<Vec<_>>(),
                 "top": m.top.iter().map(|(f, v)| serde_json::json!({
                     "function": f, "layer": layer(f).name(), "per_io": v.round(),
                 })).collect::<Vec<_>>(),

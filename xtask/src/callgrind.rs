@@ -138,6 +138,8 @@ pub struct Profile {
     pub self_cost: BTreeMap<String, i64>,
     /// Calls per (caller, callee).
     pub calls: BTreeMap<(String, String), i64>,
+    /// Inclusive cost of those calls.
+    pub call_cost: BTreeMap<(String, String), i64>,
 }
 
 /// A compressed name table (`(ID) name` defines, `(ID)` refers).
@@ -178,7 +180,8 @@ impl Profile {
         let (mut positions, mut ir_column) = (1usize, None);
         let mut function = String::new();
         let mut callee: Option<String> = None;
-        let mut in_call = false;
+        // The call whose inclusive cost is the next cost line.
+        let mut in_call: Option<(String, String)> = None;
         let mut summary: Option<i64> = None;
         for (number, line) in text.lines().enumerate() {
             let at = || format!("callgrind output line {}: {line:?}", number + 1);
@@ -194,8 +197,8 @@ impl Profile {
                     Some(word) => word.parse().with_context(at)?,
                     None => 0, // trailing zero costs may be left out
                 };
-                if in_call {
-                    in_call = false; // the call's inclusive cost
+                if let Some(pair) = in_call.take() {
+                    *profile.call_cost.entry(pair).or_default() += cost;
                 } else {
                     *profile.self_cost.entry(function.clone()).or_default() += cost;
                 }
@@ -217,8 +220,9 @@ impl Profile {
                     let target = callee
                         .take()
                         .with_context(|| format!("{}: no cfn=", at()))?;
-                    *profile.calls.entry((function.clone(), target)).or_default() += count;
-                    in_call = true;
+                    let pair = (function.clone(), target);
+                    *profile.calls.entry(pair.clone()).or_default() += count;
+                    in_call = Some(pair);
                 }
                 "summary" | "totals" => {
                     let column = ir_column.unwrap_or(0);
@@ -258,6 +262,9 @@ impl Profile {
         for (pair, count) in &base.calls {
             *out.calls.entry(pair.clone()).or_default() -= count;
         }
+        for (pair, cost) in &base.call_cost {
+            *out.call_cost.entry(pair.clone()).or_default() -= cost;
+        }
         out
     }
 
@@ -277,6 +284,26 @@ impl Profile {
             .filter(|((_, callee), _)| pick(callee))
             .map(|(_, count)| count)
             .sum()
+    }
+
+    /// Callers of functions `pick` accepts, by the inclusive cost of
+    /// those calls, most first: (caller, calls, cost).
+    pub fn callers_of(&self, pick: impl Fn(&str) -> bool) -> Vec<(String, i64, i64)> {
+        let mut by_caller: BTreeMap<&str, (i64, i64)> = BTreeMap::new();
+        for ((caller, callee), count) in &self.calls {
+            if pick(callee) {
+                let cost = self.call_cost.get(&(caller.clone(), callee.clone()));
+                let entry = by_caller.entry(caller).or_default();
+                entry.0 += count;
+                entry.1 += cost.copied().unwrap_or(0);
+            }
+        }
+        let mut list: Vec<(String, i64, i64)> = by_caller
+            .into_iter()
+            .map(|(caller, (count, cost))| (caller.to_string(), count, cost))
+            .collect();
+        list.sort_by(|a, b| b.2.cmp(&a.2).then_with(|| a.0.cmp(&b.0)));
+        list
     }
 
     /// The `count` functions of most self cost outside copies and CRC.
@@ -358,6 +385,17 @@ fn=(1703) core::ptr::drop_in_place<rtrs::server::Server<V>>
             4
         );
         assert_eq!(p.calls_to(is_copy_symbol), 2);
+        assert_eq!(
+            p.callers_of(is_copy_symbol),
+            vec![("roce::hca::Hca<S,K,_,_,_>::receive".to_string(), 2, 100)]
+        );
+        assert_eq!(
+            p.call_cost[&key(
+                "cost_probe::target_side",
+                "roce::hca::Hca<S,K,_,_,_>::receive"
+            )],
+            500
+        );
         let total: i64 = p.self_cost.values().sum();
         assert_eq!(total, 100 + 25 + 300 + 7 + 150 + 11 + 90 + 3);
     }
