@@ -25,9 +25,8 @@
 //! read is checked against what was written. `idle` runs `WARMUP` then
 //! `IOS` loop turns with nothing to do instead (the target polled once
 //! each, its session open). The probe prints one line:
-//! `cost-probe: ... measured_ios=IOS allocations=A other_allocations=B`
-//! where `A` counts the allocator calls the target made during the
-//! measured IOs and `B` those of the initiator and the probe.
+//! `cost-probe: ... measured_ios=IOS allocations=A` where `A` counts the
+//! allocator calls the target made during the measured IOs.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
@@ -41,13 +40,11 @@ use roce::hca::{Hca, HcaConfig};
 use target_image::Engine;
 use verbs::KeySource;
 
-/// Counts allocator calls (alloc, realloc) made while [`COUNTING`] is
-/// raised on the calling thread: inside the target ([`IN_TARGET`]) and
-/// outside it (the initiator and the probe).
+/// Counts allocator calls (alloc, realloc) made while [`COUNTING`] and
+/// [`IN_TARGET`] are raised on the calling thread.
 struct Counting;
 
 static TARGET_ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
-static OTHER_ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
 
 thread_local! {
     /// Raised during the measured IOs.
@@ -57,13 +54,11 @@ thread_local! {
 }
 
 fn note() {
-    if !COUNTING.try_with(Cell::get).unwrap_or(false) {
-        return;
-    }
-    if IN_TARGET.try_with(Cell::get).unwrap_or(false) {
+    let on = |flag: &'static std::thread::LocalKey<Cell<bool>>| {
+        flag.try_with(Cell::get).unwrap_or(false)
+    };
+    if on(&COUNTING) && on(&IN_TARGET) {
         TARGET_ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-    } else {
-        OTHER_ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -370,6 +365,21 @@ impl Probe {
     }
 }
 
+/// The counter sees an allocation made inside the target (so its 0 means
+/// something); then starts from 0.
+fn check_counter() {
+    COUNTING.with(|c| c.set(true));
+    IN_TARGET.with(|t| t.set(true));
+    drop(std::hint::black_box(vec![0u8; 16]));
+    IN_TARGET.with(|t| t.set(false));
+    COUNTING.with(|c| c.set(false));
+    let seen = TARGET_ALLOCATIONS.swap(0, Ordering::Relaxed);
+    assert_eq!(
+        seen, 1,
+        "the allocation counter saw {seen} allocations, expected 1"
+    );
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let usage = "usage: cost_probe read|write|idle BYTES WARMUP IOS [DEPTH [image|default]]";
@@ -407,6 +417,7 @@ fn main() {
             let volume = probe.connect_and_open();
             // Fill the checked slots so reads return known bytes.
             probe.run_ios(volume, true, bytes, (SPAN / u64::from(bytes)).min(64), 1);
+            check_counter();
             if idle {
                 // Loop turns with nothing to do: the cost of one poll of
                 // an idle target with one open session.
@@ -422,11 +433,10 @@ fn main() {
             }
             println!(
                 "cost-probe: kind={} bytes={bytes} depth={depth} warmup={warmup} \
-                 limits={} measured_ios={ios} allocations={} other_allocations={} answered={}",
+                 limits={} measured_ios={ios} allocations={} answered={}",
                 kind,
                 if default_limits { "default" } else { "image" },
                 TARGET_ALLOCATIONS.load(Ordering::Relaxed),
-                OTHER_ALLOCATIONS.load(Ordering::Relaxed),
                 probe.engine.answered(),
             );
         })

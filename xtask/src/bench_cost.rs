@@ -5,7 +5,7 @@
 //! initiator in one thread under a fake clock; the target's work, and only
 //! it, runs inside `cost_probe::target_side`. Callgrind counts the
 //! instructions executed there (`--collect-atstart=no
-//! --toggle-collect=cost_probe::target_side*`). One thread and a fake clock
+//! --toggle-collect=cost_probe::target_side`). One thread and a fake clock
 //! make a run deterministic, so each workload runs twice with the same
 //! warm-up (connect, open, filling the volume, `--warmup` IOs), once with
 //! N and once with 2N measured IOs: per IO = (run of 2N − run of N) / N,
@@ -178,7 +178,10 @@ fn callgrind(
         Command::new("valgrind")
             .arg("--tool=callgrind")
             .arg("--collect-atstart=no")
-            .arg(format!("--toggle-collect={TARGET_SIDE}*"))
+            // The exact name: collection toggles on every entry of a matching
+            // function, so a pattern that also matched a closure called
+            // inside would switch counting off there.
+            .arg(format!("--toggle-collect={TARGET_SIDE}"))
             .arg(format!("--callgrind-out-file={}", out.display()))
             .arg(probe)
             .arg(workload.kind)
@@ -427,7 +430,7 @@ mod tests {
 
     #[test]
     fn reads_the_probe_line() {
-        let line = "cost-probe: kind=read bytes=4096 allocations=3 other_allocations=9";
+        let line = "cost-probe: kind=read bytes=4096 measured_ios=20 allocations=3";
         assert_eq!(field(line, "allocations").unwrap(), 3);
         assert_eq!(field(line, "bytes").unwrap(), 4096);
         let error = field(line, "answered").unwrap_err();
