@@ -34,7 +34,7 @@ use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use initiator::{AccessMode, Event, Initiator, InitiatorConfig, VolumeId};
+use initiator::{AccessMode, Event, Initiator, InitiatorConfig, IoKind, VolumeId};
 use manifest::binary::Manifest;
 use roce::hca::{Hca, HcaConfig};
 use target_image::Engine;
@@ -278,7 +278,7 @@ impl Probe {
             self.events.push(event);
         }
         while let Some(done) = self.client.next_completion(|c, data| {
-            let matches = data.is_empty() || data == pattern(c.offset, data.len()).as_slice();
+            let matches = c.kind != IoKind::Read || data == pattern(c.offset, c.len as usize);
             (c.tag, c.result.is_ok(), matches)
         }) {
             self.done.push(done);
