@@ -7,8 +7,10 @@
 //! the side-by-side benchmark.
 
 mod bench;
+mod bench_cost;
 mod bench_initiator;
 mod bench_scale;
+mod callgrind;
 mod demo;
 mod first_map;
 mod fuzz;
@@ -71,6 +73,10 @@ enum Command {
     /// (and 100 `brick bench` processes): connect time, IOPS, latency,
     /// memory and CPU per session.
     BenchScale(bench_scale::BenchScaleArgs),
+    /// Instructions per IO of the target (engine, HCA, RTRS, RNBD) by
+    /// layer, counted by callgrind, for 4 KiB and 128 KiB reads and
+    /// writes from Brick's initiator; allocations per IO.
+    BenchCost(bench_cost::BenchCostArgs),
     /// Build the fuzz targets (nightly, cargo-fuzz) and run each for
     /// `--time` seconds (niced); prints executions, exec/s, corpus size
     /// and crashes per target.
@@ -111,6 +117,7 @@ fn main() {
         Command::BenchVm(args) => bench::run(args),
         Command::BenchInitiator(args) => bench_initiator::run(args),
         Command::BenchScale(args) => bench_scale::run(args),
+        Command::BenchCost(args) => bench_cost::run(args),
         Command::Fuzz(args) => fuzz::run_fuzz(args),
     };
     if let Err(error) = result {

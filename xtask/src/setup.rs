@@ -79,6 +79,8 @@ fn other_packages(purpose: Purpose, abi: &str) -> Vec<String> {
                     // UEFI firmware for the brick-uefi target and the image
                     // suite's disk boots (/usr/share/OVMF).
                     "ovmf",
+                    // `cargo xtask bench-cost` counts instructions with callgrind.
+                    "valgrind",
                 ]
                 .iter()
                 .map(|p| p.to_string()),
