@@ -37,7 +37,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use initiator::{AccessMode, Event, Initiator, InitiatorConfig, IoKind, VolumeId};
 use manifest::binary::Manifest;
 use roce::hca::{Hca, HcaConfig};
-use target_image::Engine;
+use target_image::{Engine, HcaEngine};
 use verbs::KeySource;
 
 /// Counts allocator calls (alloc, realloc) made while [`COUNTING`] and
@@ -170,7 +170,7 @@ mod link {
 /// arrived, one poll, the frames it sends. Callgrind collects inside this
 /// function only.
 #[inline(never)]
-fn target_side(engine: &mut Engine<'static, Keys>, wire: &mut Wire, now: u64) -> bool {
+fn target_side(engine: &mut HcaEngine<'static, Keys>, wire: &mut Wire, now: u64) -> bool {
     let mut busy = false;
     while let Some(frame) = wire.to_engine.pop_front() {
         busy = true;
@@ -187,7 +187,7 @@ fn target_side(engine: &mut Engine<'static, Keys>, wire: &mut Wire, now: u64) ->
 }
 
 struct Probe {
-    engine: Engine<'static, Keys>,
+    engine: HcaEngine<'static, Keys>,
     client: Box<Initiator<ClientHca>>,
     wire: Wire,
     now: u64,
