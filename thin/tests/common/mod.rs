@@ -22,13 +22,15 @@ struct Logged {
     len: u32,
     data: Option<Vec<u8>>,
     durable: bool,
+    /// Completion order (flushes cover what completed before them).
+    seq: u64,
 }
 
 struct Pending<H> {
     request: Request<PoolBuf<H>>,
     data: Option<Vec<u8>>,
-    /// For a flush: log entries completed before it was submitted.
-    covers: usize,
+    /// For a flush: completions before its submission are covered.
+    covers: u64,
 }
 
 /// Counters of what reached the disk.
@@ -49,6 +51,7 @@ pub struct Media {
     visible: Vec<u8>,
     /// Completed writes since the last fold into `durable`.
     log: Vec<Logged>,
+    completed: u64,
     pub counts: Counts,
     pub meta_end: u64,
 }
@@ -81,6 +84,7 @@ impl<H: Copy> CrashDisk<H> {
                 visible: image.clone(),
                 durable: image,
                 log: Vec::new(),
+                completed: 0,
                 counts: Counts::default(),
                 meta_end: 2 << 20,
             })),
@@ -117,12 +121,14 @@ impl<H: Copy> CrashDisk<H> {
                 len,
                 data: p.data.clone(),
                 durable: false,
+                seq: 0,
             }),
             Op::WriteZeroes { offset, len } | Op::Discard { offset, len } => Some(Logged {
                 offset,
                 len,
                 data: None,
                 durable: false,
+                seq: 0,
             }),
             _ => None,
         });
@@ -142,6 +148,8 @@ impl<H: Copy> CrashDisk<H> {
     ) -> Result<(), IoError> {
         let mut media = self.media.borrow_mut();
         let media = &mut *media;
+        let seq = media.completed;
+        media.completed += 1;
         match pending.request.op {
             Op::Read {
                 offset,
@@ -166,6 +174,7 @@ impl<H: Copy> CrashDisk<H> {
                     len,
                     data: pending.data,
                     durable: fua,
+                    seq,
                 };
                 apply(&mut media.visible, &entry);
                 media.log.push(entry);
@@ -178,6 +187,7 @@ impl<H: Copy> CrashDisk<H> {
                     len,
                     data: None,
                     durable: false,
+                    seq,
                 };
                 apply(&mut media.visible, &entry);
                 media.log.push(entry);
@@ -185,7 +195,7 @@ impl<H: Copy> CrashDisk<H> {
             }
             Op::Flush => {
                 media.counts.flushes += 1;
-                for entry in &mut media.log[..pending.covers] {
+                for entry in media.log.iter_mut().filter(|e| e.seq < pending.covers) {
                     entry.durable = true;
                 }
                 if media.log.iter().all(|e| e.durable) {
@@ -229,7 +239,7 @@ impl<H: Copy> BlockDevice<PoolBuf<H>> for CrashDisk<H> {
             ),
             _ => None,
         };
-        let covers = self.media.borrow().log.len();
+        let covers = self.media.borrow().completed;
         self.queue.push(Pending {
             request,
             data,
