@@ -15,16 +15,16 @@ pub const DEFAULT_EXTENT: u32 = 2 << 20;
 /// The format version this crate writes and reads.
 pub const VERSION: u32 = 1;
 /// Volumes one pool can hold (entries of the superblock's volume table).
-pub const MAX_VOLUMES: usize = 63;
-/// Longest volume name in the volume table, in bytes.
-pub const MAX_NAME: usize = 47;
+pub const MAX_VOLUMES: usize = 50;
+/// Longest volume name in the volume table, in bytes (a manifest name).
+pub const MAX_NAME: usize = 64;
 /// Map entries per map block.
 pub const ENTRIES_PER_BLOCK: u32 = ((BLOCK - MAP_HEADER) / ENTRY) as u32;
 
 const SUPER_MAGIC: &[u8; 8] = b"BRICKTHN";
 const MAP_MAGIC: &[u8; 4] = b"BTMP";
 const SUPER_HEADER: usize = 64;
-const VOLUME_ENTRY: usize = 64;
+const VOLUME_ENTRY: usize = 80;
 const MAP_HEADER: usize = 32;
 const ENTRY: usize = 16;
 /// Offset of the CRC field in both block kinds.
@@ -196,7 +196,7 @@ impl Superblock {
             let at = SUPER_HEADER + index * VOLUME_ENTRY;
             block[at] = volume.name_len;
             block[at + 1..at + 1 + MAX_NAME].copy_from_slice(&volume.name);
-            block[at + 48..at + 56].copy_from_slice(&volume.size.to_le_bytes());
+            block[at + 72..at + 80].copy_from_slice(&volume.size.to_le_bytes());
         }
         let crc = checksum(block, SUPER_CRC);
         block[SUPER_CRC..SUPER_CRC + 4].copy_from_slice(&crc.to_le_bytes());
@@ -245,7 +245,7 @@ impl Superblock {
             let entry = VolumeEntry {
                 name,
                 name_len,
-                size: le64(block, at + 48),
+                size: le64(block, at + 72),
             };
             // Cannot fail: count <= MAX_VOLUMES.
             let _ = volumes.push(entry);
