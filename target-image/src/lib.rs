@@ -90,6 +90,8 @@ mod engine;
 mod error;
 #[cfg(feature = "std")]
 pub mod hosted;
+#[cfg(feature = "std")]
+pub mod hosted_thin;
 mod icmp;
 mod io;
 mod io_state;

@@ -60,4 +60,4 @@ mod state;
 mod volume;
 
 pub use buffers::PoolBuf;
-pub use volume::{OpenReport, Pool, PoolConfig, ThinError, ThinVolume};
+pub use volume::{OpenReport, Pool, PoolConfig, ThinError, ThinVolume, WeakPool};

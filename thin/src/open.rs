@@ -403,8 +403,12 @@ impl<D: BlockDevice<PoolBuf<H>>, H: Copy> PoolState<D, H> {
             queue_depth: depth,
             volatile_write_cache: self.pool_info.volatile_write_cache,
             fua: self.pool_info.fua,
+            // Whole extents are freed, the rest of a range zeroed, so every
+            // block of a discarded range reads zeroes: advertising the
+            // extent as the granule would let the block layer (RNBD's
+            // server trims to granules) drop the partial parts instead.
             discard: Some(hal::block::DiscardInfo {
-                granularity: self.layout.extent_size,
+                granularity: self.pool_info.logical_block_size,
                 zeroes_data: true,
             }),
             write_zeroes: true,

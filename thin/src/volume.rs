@@ -1,7 +1,7 @@
 //! The handles: [`Pool`] (open, check, add volumes) and [`ThinVolume`]
 //! (a [`BlockDevice`] over the pool).
 
-use alloc::rc::Rc;
+use alloc::rc::{Rc, Weak};
 use alloc::string::String;
 use core::cell::RefCell;
 
@@ -88,6 +88,28 @@ impl core::error::Error for ThinError {}
 /// A pool: the device and its map, shared by its volumes.
 pub struct Pool<D, H> {
     state: Rc<RefCell<PoolState<D, H>>>,
+}
+
+/// A pool handle that does not keep the pool open (for a registry of open
+/// pools that its volumes share).
+pub struct WeakPool<D, H> {
+    state: Weak<RefCell<PoolState<D, H>>>,
+}
+
+impl<D, H> WeakPool<D, H> {
+    /// The pool, if a [`Pool`] or one of its volumes still holds it.
+    pub fn upgrade(&self) -> Option<Pool<D, H>> {
+        self.state.upgrade().map(|state| Pool { state })
+    }
+}
+
+impl<D, H> Pool<D, H> {
+    /// A handle that does not keep the pool open.
+    pub fn downgrade(&self) -> WeakPool<D, H> {
+        WeakPool {
+            state: Rc::downgrade(&self.state),
+        }
+    }
 }
 
 impl<D, H> Clone for Pool<D, H> {
