@@ -197,6 +197,7 @@ impl<D: BlockDevice<PoolBuf<H>>, H: Copy> PoolState<D, H> {
                         }
                         (Op::Write { buffer, .. }, Ext::Unmapped) => {
                             let Some(physical) = self.free.pop() else {
+                                self.stats.enospc += 1;
                                 return Some(Err(enospc()));
                             };
                             self.volumes[volume].map[extent as usize] = Ext::Allocating(physical);
@@ -329,9 +330,11 @@ impl<D: BlockDevice<PoolBuf<H>>, H: Copy> PoolState<D, H> {
                     if state.durable >= version {
                         if allocated {
                             *map = Ext::Mapped(s.physical);
+                            self.stats.allocations += 1;
                         } else {
                             *map = Ext::Unmapped;
                             self.free.push(s.physical);
+                            self.stats.frees += 1;
                         }
                         s.cursor += s.piece;
                         s.phase = Phase::Start;

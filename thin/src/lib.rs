@@ -60,4 +60,5 @@ mod state;
 mod volume;
 
 pub use buffers::PoolBuf;
+pub use state::PoolStats;
 pub use volume::{OpenReport, Pool, PoolConfig, ThinError, ThinVolume, WeakPool};

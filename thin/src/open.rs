@@ -253,6 +253,7 @@ impl<D: BlockDevice<PoolBuf<H>>, H: Copy> PoolState<D, H> {
             claims: Vec::new(),
             volumes: Vec::with_capacity(crate::format::MAX_VOLUMES),
             sync_result: None,
+            stats: crate::state::PoolStats::default(),
         };
         pool.read_scratch(0, 2 * BLOCK as u32)?;
         let head = &pool.meta[usize::from(SCRATCH)];

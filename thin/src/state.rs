@@ -105,6 +105,20 @@ pub(crate) struct PoolState<D, H> {
     pub(crate) volumes: Vec<VolState<H>>,
     /// Result of the one synchronous request at open.
     pub(crate) sync_result: Option<Result<(), IoError>>,
+    pub(crate) stats: PoolStats,
+}
+
+/// What a pool has done since it opened.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PoolStats {
+    /// Extents allocated (their map entries durable).
+    pub allocations: u64,
+    /// Extents freed (their cleared entries durable).
+    pub frees: u64,
+    /// Writes refused with ENOSPC for want of a free extent.
+    pub enospc: u64,
+    /// Map block writes completed.
+    pub map_writes: u64,
 }
 
 impl<D: BlockDevice<PoolBuf<H>>, H: Copy> PoolState<D, H> {
@@ -210,6 +224,7 @@ impl<D: BlockDevice<PoolBuf<H>>, H: Copy> PoolState<D, H> {
         };
         match result {
             Ok(()) => {
+                self.stats.map_writes += 1;
                 state.durable = version;
                 state.seq += 1;
                 state.copy ^= 1;

@@ -10,7 +10,7 @@ use hal::block::{BlockDevice, BufferAccess, Completion, DeviceInfo, Request, Sub
 use crate::buffers::PoolBuf;
 use crate::format::DEFAULT_EXTENT;
 use crate::io::Slot;
-use crate::state::{Ext, PoolState};
+use crate::state::{Ext, PoolState, PoolStats};
 
 /// How to open a pool.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -171,6 +171,11 @@ impl<D: BlockDevice<PoolBuf<H>>, H: Copy> Pool<D, H> {
     /// Free extents.
     pub fn free_extents(&self) -> u32 {
         self.state.borrow().free.len() as u32
+    }
+
+    /// What the pool has done since it opened.
+    pub fn stats(&self) -> PoolStats {
+        self.state.borrow().stats
     }
 
     /// The extent size in bytes.
