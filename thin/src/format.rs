@@ -366,6 +366,9 @@ mod tests {
         assert_eq!(layout.map_blocks, 1);
         assert!(Layout::for_pool(2 << 20, DEFAULT_EXTENT).is_none());
         let big = Layout::for_pool(1 << 40, DEFAULT_EXTENT).unwrap();
+        // The numbers docs/THIN.md gives.
+        assert_eq!((big.extent_count, big.map_blocks), (524_279, 2_065));
+        assert_eq!(big.data_start, 18 << 20);
         let meta_end = big.map_offset(big.map_blocks - 1, 1) + BLOCK as u64;
         assert!(meta_end <= big.data_start);
         assert!(
