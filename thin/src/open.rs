@@ -311,6 +311,14 @@ impl<D: BlockDevice<PoolBuf<H>>, H: Copy> PoolState<D, H> {
                 "volume {name}: size {size} is not a non-zero multiple of the pool block {block}"
             )));
         }
+        // Registering may write the superblock, which polls the pool
+        // device with no caller buffers: no volume IO may be in flight.
+        if self.volumes.iter().any(|v| v.in_flight() > 0) {
+            return Err(ThinError::Config(format!(
+                "volume {name}: open every volume of a pool before its IO starts \
+                 (requests are in flight)"
+            )));
+        }
         if self.volumes.iter().any(|v| v.name == name && v.open) {
             return Err(ThinError::Config(format!("volume {name} is already open")));
         }

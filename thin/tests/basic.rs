@@ -4,7 +4,7 @@
 mod common;
 
 use common::{run, Buffers, CrashDisk, Disk};
-use hal::block::{IoError, Op};
+use hal::block::{BlockDevice, IoError, Op};
 use thin::format::{encode_map, Layout, BLOCK, DEFAULT_EXTENT};
 use thin::{Pool, PoolConfig};
 
@@ -193,12 +193,29 @@ fn reopen_keeps_volumes_and_extents() {
     assert!(!report.formatted);
     assert_eq!((report.allocated, report.reclaimed), (3, 0));
     let b = pool.volume("b", 16 * MIB, 8).unwrap();
-    let a = pool.volume("a", 16 * MIB, 8).unwrap();
+    let mut a = pool.volume("a", 16 * MIB, 8).unwrap();
     let mut extents = Vec::new();
     a.extents(|v, _| extents.push(("a", v)));
     b.extents(|v, _| extents.push(("b", v)));
     assert_eq!(extents, [("a", 2), ("b", 0), ("b", 7)]);
     assert!(pool.volume("a", 16 * MIB, 8).is_err(), "opened twice");
+    // Volumes open before IO: a request in flight (its completion not yet
+    // polled) refuses a new volume rather than poll it away.
+    let mut bufs = buffers(1);
+    a.submit(
+        hal::block::Request {
+            tag: 1,
+            op: write(0, 4096),
+        },
+        &mut bufs,
+    )
+    .unwrap();
+    let err = pool.volume("c", 16 * MIB, 8).err().unwrap();
+    assert!(err.to_string().contains("before its IO starts"), "{err}");
+    let mut done = 0;
+    while done == 0 {
+        done = a.poll(0, &mut bufs, 8, &mut |c| assert_eq!(c.result, Ok(())));
+    }
     drop(b);
     // Shrinking below an allocated extent would lose data.
     let err = pool.volume("b", 8 * MIB, 8).err().unwrap();
