@@ -150,18 +150,34 @@ struct World {
     buffers: Buffers,
     next_id: u32,
     crashes: u32,
+    /// The pool device's queue depth.
+    depth: u32,
+}
+
+/// The pool device's queue depth for a case: 3 for even seeds (requests
+/// and map writes wait for room), 64 otherwise.
+fn queue_depth(seed: u64) -> u32 {
+    if seed % 2 == 0 {
+        3
+    } else {
+        64
+    }
 }
 
 fn open(
     image: Vec<u8>,
     seed: u64,
+    depth: u32,
 ) -> (
     Pool<Disk, usize>,
     Vec<ThinVolume<Disk, usize>>,
     thin::OpenReport,
 ) {
-    let (pool, report) =
-        Pool::open(CrashDisk::from_image(image, seed), &PoolConfig::default()).unwrap();
+    let (pool, report) = Pool::open(
+        CrashDisk::from_image(image, seed).with_queue_depth(depth),
+        &PoolConfig::default(),
+    )
+    .unwrap();
     let volumes = (0..VOLUMES)
         .map(|v| {
             pool.volume(&format!("vol{v}"), VOLUME_EXTENTS * EXTENT, 16)
@@ -174,9 +190,11 @@ fn open(
 impl World {
     fn new(seed: u64) -> Self {
         let image = vec![0; ((POOL_EXTENTS + 1) * EXTENT) as usize];
-        let (pool, volumes, report) = open(image, seed);
+        let depth = queue_depth(seed);
+        let (pool, volumes, report) = open(image, seed, depth);
         assert_eq!(report.extents as u64, POOL_EXTENTS);
         Self {
+            depth,
             pool,
             volumes,
             model: vec![vec![Cell::default(); VOLUME_BLOCKS as usize]; VOLUMES],
@@ -409,7 +427,7 @@ impl World {
         }
         let image = self.pool.with_device(|d| d.crash(seed));
         self.volumes.clear();
-        let (pool, volumes, report) = open(image, seed ^ 0x9e37);
+        let (pool, volumes, report) = open(image, seed ^ 0x9e37, self.depth);
         self.crashes += 1;
         CRASHES.fetch_add(1, Relaxed);
         prop_assert_eq!(

@@ -109,6 +109,13 @@ impl<H: Copy> CrashDisk<H> {
         }
     }
 
+    /// The same disk with room for `depth` requests in flight (a small
+    /// queue makes the thin layer retry refused submissions).
+    pub fn with_queue_depth(mut self, depth: u32) -> Self {
+        self.info.queue_depth = depth;
+        self
+    }
+
     /// The image a power cut leaves: durable writes, plus for each other
     /// write (completed, then in flight) a coin toss, in order.
     pub fn crash(&self, seed: u64) -> Vec<u8> {
