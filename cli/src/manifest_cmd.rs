@@ -121,6 +121,24 @@ fn check(file: &Path, canonical: bool) -> Result<()> {
     for interface in m.interfaces() {
         println!("  {interface}");
     }
+    if m.pool_count() > 0 {
+        println!("pools       {}", m.pool_count());
+        for pool in m.pools() {
+            let promised: u64 = m
+                .volumes()
+                .filter_map(|v| match v.backing {
+                    manifest::binary::Backing::Thin { pool: p, size } if p.name == pool.name => {
+                        Some(size)
+                    }
+                    _ => None,
+                })
+                .sum();
+            println!(
+                "  {pool}: thin volumes promise {}",
+                manifest::config::format_size(promised)
+            );
+        }
+    }
     println!("volumes     {}", m.volume_count());
     for volume in m.volumes() {
         println!("  {volume}");

@@ -754,6 +754,19 @@ fn manifest_check_passes_every_example() {
                 run.stdout
             );
         }
+        if file.ends_with("thin-pool.toml") {
+            for line in [
+                "pools       1",
+                "  pool0 (file /var/lib/brick/pool0.img 64GiB): thin volumes promise 1536GiB",
+                "  thin0 (thin 1TiB on pool pool0) as \"thin0\"",
+            ] {
+                assert!(
+                    run.stdout.lines().any(|l| l == line),
+                    "no {line:?} in:\n{}",
+                    run.stdout
+                );
+            }
+        }
     }
 }
 

@@ -17,6 +17,10 @@
 use core::fmt;
 use core::net::Ipv4Addr;
 
+mod pools;
+
+pub use pools::{Pool, PoolBacking, POOLS_VERSION};
+
 use crate::types::{
     bounds, check_backing_path, check_device_path, check_name, check_serial, check_session_pattern,
     is_host_address, pattern_matches, AccessMode, Ipv4Cidr, LimitError, Limits, MacAddress,
@@ -28,7 +32,7 @@ use crate::types::{
 pub const MAGIC: [u8; 4] = *b"BRKM";
 /// The format version this crate writes; it reads every version from
 /// [`MIN_FORMAT_VERSION`] to this one.
-pub const FORMAT_VERSION: u16 = 3;
+pub const FORMAT_VERSION: u16 = 4;
 /// The oldest format version this crate reads (version 1 has no NVMe
 /// volumes; versions 1 and 2 have a 16-byte limits record without the
 /// half-open limits and the setup timeout, which read as their defaults;
@@ -78,11 +82,15 @@ pub mod section {
     pub const ACCESS_VOLUMES: u16 = 6;
     /// UTF-8 string bytes referenced by string refs.
     pub const STRINGS: u16 = 7;
-    /// Every section, in the order the writer emits them.
-    pub const ALL: [u16; 7] = [
+    /// Thin pools (format version 4).
+    pub const POOLS: u16 = 8;
+    /// Every section, in the order the writer emits them (POOLS from
+    /// version 4 only).
+    pub const ALL: [u16; 8] = [
         TARGET,
         LIMITS,
         INTERFACES,
+        POOLS,
         VOLUMES,
         ACCESS_RULES,
         ACCESS_VOLUMES,
@@ -107,6 +115,7 @@ pub mod section {
             ACCESS_RULES => 24,
             ACCESS_VOLUMES => 2,
             STRINGS => 1,
+            POOLS if version >= super::pools::POOLS_VERSION => super::pools::POOL_RECORD_LEN,
             _ => return None,
         })
     }
@@ -121,6 +130,7 @@ pub mod section {
             ACCESS_RULES => "access rules",
             ACCESS_VOLUMES => "access volume list",
             STRINGS => "strings",
+            POOLS => "pools",
             _ => "unknown",
         }
     }
@@ -298,6 +308,17 @@ pub enum ReadError {
         /// The volume.
         volume: ErrorName,
     },
+    /// Two pools with one name.
+    DuplicatePool(ErrorName),
+    /// A thin volume (named) names a pool the manifest does not declare.
+    UnknownPool(ErrorName),
+    /// A pool's fields are not valid.
+    BadPool {
+        /// The pool.
+        pool: ErrorName,
+        /// What is wrong.
+        reason: &'static str,
+    },
     /// A limit outside its bounds.
     BadLimits(LimitError),
     /// The RAM volumes together exceed 2^64 bytes.
@@ -389,7 +410,7 @@ impl fmt::Display for ReadError {
             DuplicateBacking(n) => {
                 write!(
                     f,
-                    "volume {n:?} uses the same backing device as another volume"
+                    "{n:?} uses the same backing device as another volume or pool"
                 )
             }
             VolumeIndexOutOfRange { rule, index } => {
@@ -401,6 +422,14 @@ impl fmt::Display for ReadError {
             DuplicateRuleVolume { rule, volume } => {
                 write!(f, "access rule {rule} lists volume {volume:?} twice")
             }
+            DuplicatePool(n) => write!(f, "duplicate pool name {n:?}"),
+            UnknownPool(volume) => {
+                write!(
+                    f,
+                    "thin volume {volume:?} names a pool that is not declared"
+                )
+            }
+            BadPool { pool, reason } => write!(f, "pool {pool:?}: {reason}"),
             BadLimits(e) => write!(f, "limits: {e}"),
             RamOverflow => f.write_str("RAM volume sizes overflow 64 bits"),
             BadPort => f.write_str("target port 0 is not a listen port"),
@@ -510,6 +539,15 @@ pub enum Backing<'a> {
         /// The namespace id (1 and up).
         namespace: u32,
     },
+    /// A thin-provisioned volume of `size` bytes on a pool's extents
+    /// (hosted; format version 4). The pool may hold less than its volumes
+    /// promise.
+    Thin {
+        /// The pool.
+        pool: Pool<'a>,
+        /// Virtual bytes, nonzero, a multiple of 4096.
+        size: u64,
+    },
 }
 
 impl Backing<'_> {
@@ -521,6 +559,7 @@ impl Backing<'_> {
             Backing::Block { .. } => VolumeKind::Block,
             Backing::VirtioBlk(_) => VolumeKind::VirtioBlk,
             Backing::Nvme { .. } => VolumeKind::Nvme,
+            Backing::Thin { .. } => VolumeKind::Thin,
         }
     }
 }
@@ -562,6 +601,7 @@ impl fmt::Display for Volume<'_> {
                 controller: VirtioSelector::Serial(serial),
                 namespace,
             } => write!(f, "nvme serial {serial} namespace {namespace}")?,
+            Backing::Thin { pool, size } => write!(f, "thin {} on pool {}", Size(size), pool.name)?,
         }
         write!(f, ") as {:?}", self.device_path)
     }
@@ -664,6 +704,8 @@ pub struct Manifest<'a> {
     rules: Span,
     rule_volumes: Span,
     strings: Span,
+    /// Empty before format version 4.
+    pools: Span,
 }
 
 fn read_u16(bytes: &[u8], range: core::ops::Range<usize>) -> u16 {
@@ -754,7 +796,7 @@ impl<'a> Manifest<'a> {
         let table = bytes
             .get(HEADER_LEN..table_end)
             .ok_or(ReadError::SectionOutOfBounds("section table"))?;
-        let mut spans: [Option<Span>; 7] = [None; 7];
+        let mut spans: [Option<Span>; 8] = [None; 8];
         for entry in table.chunks_exact(SECTION_ENTRY_LEN) {
             let entry = Record(entry);
             let id = entry.u16(0);
@@ -802,6 +844,11 @@ impl<'a> Manifest<'a> {
             rules: get(section::ACCESS_RULES)?,
             rule_volumes: get(section::ACCESS_VOLUMES)?,
             strings: get(section::STRINGS)?,
+            pools: if version >= pools::POOLS_VERSION {
+                get(section::POOLS)?
+            } else {
+                Span::default()
+            },
         })
     }
 
@@ -897,6 +944,7 @@ impl<'a> Manifest<'a> {
                 }
             }
         }
+        self.check_pools()?;
         let mut ram: u64 = 0;
         for i in 0..self.volumes.count {
             let volume = self.decode_volume(i)?;
@@ -918,6 +966,7 @@ impl<'a> Manifest<'a> {
                 }
             }
         }
+        self.check_pool_users()?;
         for i in 0..self.rules.count {
             self.decode_rule(i)?;
         }
@@ -1031,6 +1080,7 @@ impl<'a> Manifest<'a> {
         let namespace = r.u16(34);
         let kind = VolumeKind::from_code(kind_code)
             .filter(|kind| *kind != VolumeKind::Nvme || self.version() >= 2)
+            .filter(|kind| *kind != VolumeKind::Thin || self.version() >= pools::POOLS_VERSION)
             .ok_or(ReadError::UnknownVolumeKind(kind_code))?;
         if namespace != 0 && kind != VolumeKind::Nvme {
             return Err(ReadError::ReservedNotZero("volume bytes"));
@@ -1066,6 +1116,16 @@ impl<'a> Manifest<'a> {
                 path: self.checked_text(backing_ref, "volume path", check_backing_path)?,
                 size: (size != 0).then_some(size),
             },
+            VolumeKind::Thin => {
+                if size == 0 {
+                    return Err(bad_size);
+                }
+                let pool = self.checked_text(backing_ref, "volume pool", check_name)?;
+                Backing::Thin {
+                    pool: self.thin_pool(name, pool)?,
+                    size,
+                }
+            }
             VolumeKind::Block | VolumeKind::VirtioBlk | VolumeKind::Nvme if size != 0 => {
                 return Err(bad(
                     "block, virtio-blk and NVMe volumes take the device's size",
@@ -1366,7 +1426,9 @@ pub use writer::{encode, encode_version};
 #[cfg(feature = "std")]
 mod writer {
     use super::*;
-    use crate::config::{Backing as OwnedBacking, Config, VolumeSet};
+    use crate::config::{
+        Backing as OwnedBacking, Config, PoolBacking as OwnedPoolBacking, VolumeSet,
+    };
 
     struct Strings {
         bytes: Vec<u8>,
@@ -1460,6 +1522,31 @@ mod writer {
         }
         sections.push((section::INTERFACES, interfaces));
 
+        if version >= POOLS_VERSION {
+            let mut pools = Vec::new();
+            for p in &config.pools {
+                pools.extend_from_slice(&strings.add(&p.name));
+                let (path, size, kind) = match &p.backing {
+                    OwnedPoolBacking::File { path, size } => {
+                        (path, size.unwrap_or(0), VolumeKind::File)
+                    }
+                    OwnedPoolBacking::Block { path } => (path, 0, VolumeKind::Block),
+                };
+                pools.extend_from_slice(&strings.add(path));
+                pools.extend_from_slice(&size.to_le_bytes());
+                pools.push(kind.code());
+                pools.extend_from_slice(&[0; 7]);
+            }
+            sections.push((section::POOLS, pools));
+        } else if !config.pools.is_empty() {
+            return Err(ReadError::BadCount {
+                section: section::name(section::POOLS),
+                count: config.pools.len() as u32,
+                min: 0,
+                max: 0,
+            });
+        }
+
         let mut volumes = Vec::new();
         for v in &config.volumes {
             volumes.extend_from_slice(&strings.add(&v.name));
@@ -1485,6 +1572,7 @@ mod writer {
                 OwnedBacking::Block { path } => (path.as_str(), 0, SELECTOR_NONE, 0),
                 OwnedBacking::VirtioPci(address) => ("", 0, SELECTOR_PCI, address.to_u32()),
                 OwnedBacking::VirtioSerial(serial) => (serial.as_str(), 0, SELECTOR_SERIAL, 0),
+                OwnedBacking::Thin { pool, size } => (pool.as_str(), *size, SELECTOR_NONE, 0),
             };
             volumes.extend_from_slice(&strings.add(backing));
             volumes.extend_from_slice(&size.to_le_bytes());

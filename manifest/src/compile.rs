@@ -17,6 +17,8 @@ use std::path::Path;
 use serde::Deserialize;
 use toml::Spanned;
 
+mod pools;
+
 use crate::config::{AccessRule, Backing, Config, Interface, Target, Volume, VolumeSet};
 use crate::types::{
     bounds, check_backing_path, check_device_path, check_name, check_serial, check_session_pattern,
@@ -139,6 +141,7 @@ struct RawManifest {
     target: Spanned<RawTarget>,
     limits: Option<Spanned<RawLimits>>,
     interfaces: Option<Spanned<Vec<Spanned<RawInterface>>>>,
+    pools: Option<Spanned<Vec<Spanned<pools::RawPool>>>>,
     volumes: Option<Spanned<Vec<Spanned<RawVolume>>>>,
     access: Option<Spanned<Vec<Spanned<RawAccess>>>>,
 }
@@ -184,6 +187,7 @@ struct RawVolume {
     pci: Option<Spanned<String>>,
     serial: Option<Spanned<String>>,
     namespace: Option<Spanned<i64>>,
+    pool: Option<Spanned<String>>,
     device_path: Option<Spanned<String>>,
 }
 
@@ -345,11 +349,14 @@ impl Compiler<'_> {
         let target = self.target(raw.target.get_ref())?;
         let limits = self.limits(raw.limits.as_ref())?;
         let interfaces = self.interfaces(raw.interfaces.as_ref())?;
-        let volumes = self.volumes(raw.volumes.as_ref())?;
+        let pools = self.pools(raw.pools.as_ref())?;
+        let volumes = self.volumes(raw.volumes.as_ref(), &pools)?;
+        self.check_pool_users(raw.pools.as_ref(), &pools, &volumes)?;
         let access = self.access(raw.access.as_ref(), &volumes)?;
         Ok(Config {
             target,
             interfaces,
+            pools,
             volumes,
             access,
             limits,
@@ -554,14 +561,18 @@ impl Compiler<'_> {
         Ok(out)
     }
 
-    fn volumes(&self, raw: Option<&Spanned<Vec<Spanned<RawVolume>>>>) -> Result<Vec<Volume>> {
+    fn volumes(
+        &self,
+        raw: Option<&Spanned<Vec<Spanned<RawVolume>>>>,
+        pools: &[crate::config::Pool],
+    ) -> Result<Vec<Volume>> {
         let mut out: Vec<Volume> = Vec::new();
         for (i, item) in self.list(raw, "volumes", MAX_VOLUMES)?.iter().enumerate() {
             let raw = item.get_ref();
             let path = |field: &str| format!("volumes[{i}].{field}");
             let name = self.text(&raw.name, &path("name"), check_name)?;
             let kind = VolumeKind::from_name(raw.kind.get_ref()).ok_or_else(|| {
-                self.at(&raw.kind, path("kind"), format!("unknown volume kind {:?}; expected \"ram\", \"file\", \"block\", \"virtio-blk\" or \"nvme\"", raw.kind.get_ref()))
+                self.at(&raw.kind, path("kind"), format!("unknown volume kind {:?}; expected \"ram\", \"file\", \"block\", \"virtio-blk\", \"nvme\" or \"thin\"", raw.kind.get_ref()))
             })?;
             // Fields that do not belong to this kind are errors, not ignored.
             let allowed: &[&str] = match kind {
@@ -570,6 +581,7 @@ impl Compiler<'_> {
                 VolumeKind::Block => &["path"],
                 VolumeKind::VirtioBlk => &["pci", "serial"],
                 VolumeKind::Nvme => &["pci", "serial", "namespace"],
+                VolumeKind::Thin => &["pool", "size"],
             };
             let present = [
                 ("size", raw.size.as_ref().map(Spanned::span)),
@@ -577,6 +589,7 @@ impl Compiler<'_> {
                 ("pci", raw.pci.as_ref().map(Spanned::span)),
                 ("serial", raw.serial.as_ref().map(Spanned::span)),
                 ("namespace", raw.namespace.as_ref().map(Spanned::span)),
+                ("pool", raw.pool.as_ref().map(Spanned::span)),
             ];
             for (field, span) in present {
                 if let Some(span) = span {
@@ -626,6 +639,7 @@ impl Compiler<'_> {
                 VolumeKind::Block => Backing::Block {
                     path: required_path(&raw.path)?,
                 },
+                VolumeKind::Thin => self.thin_backing(item, i, pools)?,
                 VolumeKind::Nvme => {
                     let namespace = match &raw.namespace {
                         None => 1,

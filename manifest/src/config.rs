@@ -20,6 +20,8 @@ pub struct Config {
     pub target: Target,
     /// Network interfaces, in order (the hosted target pairs them with `--link`s).
     pub interfaces: Vec<Interface>,
+    /// Thin pools, in order (thin volumes name them).
+    pub pools: Vec<Pool>,
     /// Volumes, in order.
     pub volumes: Vec<Volume>,
     /// The access list: who may open what.
@@ -92,6 +94,40 @@ pub enum Backing {
         /// The namespace id.
         namespace: u32,
     },
+    /// A thin volume on a pool's extents (hosted).
+    Thin {
+        /// The pool's name.
+        pool: String,
+        /// Virtual bytes (may exceed the pool).
+        size: u64,
+    },
+}
+
+/// A thin pool: the file or block device whose extents its thin volumes
+/// share.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct Pool {
+    /// Its name.
+    pub name: String,
+    /// Its storage.
+    pub backing: PoolBacking,
+}
+
+/// Where a pool's extents live.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub enum PoolBacking {
+    /// A file, optionally of a given size (created or grown to it).
+    File {
+        /// Absolute path.
+        path: String,
+        /// Bytes, or the file's own size.
+        size: Option<u64>,
+    },
+    /// A whole host block device.
+    Block {
+        /// Absolute path.
+        path: String,
+    },
 }
 
 impl Backing {
@@ -103,6 +139,7 @@ impl Backing {
             Backing::Block { .. } => VolumeKind::Block,
             Backing::VirtioPci(_) | Backing::VirtioSerial(_) => VolumeKind::VirtioBlk,
             Backing::NvmePci { .. } | Backing::NvmeSerial { .. } => VolumeKind::Nvme,
+            Backing::Thin { .. } => VolumeKind::Thin,
         }
     }
 }
@@ -194,6 +231,10 @@ impl Config {
                         serial: serial.to_owned(),
                         namespace,
                     },
+                    binary::Backing::Thin { pool, size } => Backing::Thin {
+                        pool: pool.name.to_owned(),
+                        size,
+                    },
                 },
             })
             .collect();
@@ -227,6 +268,21 @@ impl Config {
                                 .map(|v| v.name.clone())
                                 .collect(),
                         ),
+                    },
+                })
+                .collect(),
+            pools: manifest
+                .pools()
+                .map(|p| Pool {
+                    name: p.name.to_owned(),
+                    backing: match p.backing {
+                        binary::PoolBacking::File { path, size } => PoolBacking::File {
+                            path: path.to_owned(),
+                            size,
+                        },
+                        binary::PoolBacking::Block { path } => PoolBacking::Block {
+                            path: path.to_owned(),
+                        },
                     },
                 })
                 .collect(),
@@ -307,6 +363,20 @@ impl fmt::Display for Config {
                 i.mtu
             )?;
         }
+        for p in &self.pools {
+            writeln!(f, "\n[[pools]]\nname = {}", TomlStr(&p.name))?;
+            match &p.backing {
+                PoolBacking::File { path, size } => {
+                    writeln!(f, "kind = \"file\"\npath = {}", TomlStr(path))?;
+                    if let Some(size) = size {
+                        writeln!(f, "size = {:?}", format_size(*size))?;
+                    }
+                }
+                PoolBacking::Block { path } => {
+                    writeln!(f, "kind = \"block\"\npath = {}", TomlStr(path))?
+                }
+            }
+        }
         for v in &self.volumes {
             writeln!(
                 f,
@@ -332,6 +402,12 @@ impl fmt::Display for Config {
                 Backing::NvmeSerial { serial, namespace } => {
                     writeln!(f, "serial = {}\nnamespace = {namespace}", TomlStr(serial))?
                 }
+                Backing::Thin { pool, size } => writeln!(
+                    f,
+                    "pool = {}\nsize = {:?}",
+                    TomlStr(pool),
+                    format_size(*size)
+                )?,
             }
         }
         for r in &self.access {

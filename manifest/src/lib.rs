@@ -87,9 +87,15 @@
 //! address = "10.77.0.1/24"        # host address with prefix
 //! mtu = 1500                      # optional, 576..=9000 (default 1500)
 //!
+//! [[pools]]                       # optional, 0..=16: where thin volumes' extents live
+//! name = "pool0"                  # thin volumes name it
+//! kind = "file"                   # "file" | "block" (hosted target)
+//! path = "/var/lib/brick/pool0.img"   # absolute; not also a volume's path
+//! size = "64GiB"                  # file: optional (created or grown to it)
+//!
 //! [[volumes]]                     # 1..=256
 //! name = "vol0"
-//! kind = "ram"                    # "ram" | "file" | "block" | "virtio-blk" | "nvme"
+//! kind = "ram"                    # "ram" | "file" | "block" | "virtio-blk" | "nvme" | "thin"
 //! size = "256MiB"                 # ram: required; file: optional. KiB/MiB/GiB/TiB
 //!                                 # or bytes; nonzero, multiple of 4096
 //! device_path = "vol0"            # optional (default: name); what clients map
@@ -98,6 +104,9 @@
 //! # virtio-blk: pci = "00:05.0"   or   serial = "brick-data0"
 //! # nvme:       pci = "00:04.0"   or   serial = "brick-nvme0"   (the controller;
 //! #             Identify Controller's SN), namespace = 1 (optional, 1..=65535)
+//! # thin:       pool = "pool0", size = "1TiB" (required: the virtual size, may
+//! #             exceed the pool; at most 50 thin volumes per pool). Extents
+//! #             of 2 MiB are allocated on first write (docs/THIN.md)
 //!
 //! [[access]]                      # 1..=256; first match does not stop the search:
 //! sessions = "*"                  # exact name or glob (*, ?) over [A-Za-z0-9_-]
@@ -118,7 +127,7 @@
 //! 128 KiB IOs are never split. With the queue depth it must fit the 28-bit
 //! RTRS immediate: `ceil(log2(queue_depth)) + ceil(log2(chunk_size)) <= 28`.
 //!
-//! # Binary format (version 2)
+//! # Binary format (version 4)
 //!
 //! All integers little-endian. The blob is a header, a section table, and
 //! the sections' records.
@@ -126,7 +135,7 @@
 //! | Offset | Size | Field |
 //! |---|---|---|
 //! | 0 | 4 | magic `BRKM` |
-//! | 4 | 2 | format version = 3 (the reader also takes 1 and 2) |
+//! | 4 | 2 | format version = 4 (the reader also takes 1 to 3) |
 //! | 6 | 2 | flags, zero |
 //! | 8 | 4 | `total_len`: length of the whole blob |
 //! | 12 | 4 | CRC-32 (IEEE, as `crc32fast`) of every byte of the blob except these four |
@@ -143,10 +152,11 @@
 //! | 1 | TARGET (1 record) | 32 | 0 name ref · 8 uuid\[16\] · 24 port u16 · 26 flags u16 (bit 0 uuid present, bit 1 always_invalidate) · 28 reserved u32 |
 //! | 2 | LIMITS (1 record) | 28 (16 in versions 1 and 2) | 0 max_sessions u32 · 4 max_paths_per_session u16 · 6 max_connections_per_path u16 · 8 queue_depth u16 · 10 reserved u16 · 12 chunk_size u32 · from version 3: 16 max_half_open u32 · 20 setup_timeout_ms u32 · 24 max_half_open_per_source u16 · 26 reserved u16 |
 //! | 3 | INTERFACES (1..=8) | 24 | 0 name ref · 8 ipv4\[4\] · 12 mac\[6\] · 18 prefix u8 · 19 reserved u8 · 20 mtu u16 · 22 reserved u16 |
-//! | 4 | VOLUMES (1..=256) | 40 | 0 name ref · 8 device_path ref · 16 backing ref (file/block path or virtio/NVMe serial) · 24 size u64 (0 = whole device/file) · 32 kind u8 (1 ram, 2 file, 3 block, 4 virtio-blk, 5 nvme: version 2 only) · 33 selector u8 (0 none, 1 pci, 2 serial) · 34 NVMe namespace u16 (1 and up; zero for other kinds and in version 1) · 36 pci u32 (`domain<<16 \| bus<<8 \| dev<<3 \| fn`) |
+//! | 4 | VOLUMES (1..=256) | 40 | 0 name ref · 8 device_path ref · 16 backing ref (file/block path or virtio/NVMe serial) · 24 size u64 (0 = whole device/file) · 32 kind u8 (1 ram, 2 file, 3 block, 4 virtio-blk, 5 nvme: version 2 and up, 6 thin: version 4 and up; a thin volume's backing ref is its pool's name, its size the virtual size) · 33 selector u8 (0 none, 1 pci, 2 serial) · 34 NVMe namespace u16 (1 and up; zero for other kinds and in version 1) · 36 pci u32 (`domain<<16 \| bus<<8 \| dev<<3 \| fn`) |
 //! | 5 | ACCESS_RULES (1..=256) | 24 | 0 sessions ref · 8 source ipv4\[4\] · 12 source prefix u8 · 13 flags u8 (bit 0 source present, bit 1 all volumes) · 14 mode u8 (0 ro, 1 rw) · 15 reserved u8 · 16 first u32 · 20 count u32 (a slice of ACCESS_VOLUMES) |
 //! | 6 | ACCESS_VOLUMES | 2 | volume index u16 |
 //! | 7 | STRINGS | 1 | string bytes |
+//! | 8 | POOLS (0..=16; version 4 and up, required there) | 32 | 0 name ref · 8 path ref · 16 size u64 (0 = whole file/device) · 24 kind u8 (2 file, 3 block) · 25 reserved\[7\] |
 //!
 //! The reader checks, in order: length, magic, version, `total_len` equal
 //! to the blob length, checksum, reserved fields, the section table (known
@@ -165,7 +175,9 @@
 //! fully understood or refused. The compiler always writes the current
 //! version, so rebuild `m.bin` from `m.toml` after an upgrade. Version 2
 //! added the `nvme` volume kind and its namespace field; a version-1 blob
-//! reads as before. Version 3 lengthened the LIMITS record to 28 bytes
+//! reads as before. Version 4 added the POOLS section and the `thin`
+//! volume kind; older blobs read with no pools, and writing an older
+//! version of a config with pools is refused. Version 3 lengthened the LIMITS record to 28 bytes
 //! (half-open limits, setup timeout); a version 1 or 2 blob reads with
 //! their defaults, and `Config::to_binary_version` still writes the older
 //! formats for an older image. A blob newer than the reader says so

@@ -25,6 +25,10 @@ pub const MAX_INTERFACES: usize = 8;
 /// so a rack of hosts can each have a volume of its own (RNBD admits one
 /// writer per volume, as Linux does).
 pub const MAX_VOLUMES: usize = 1024;
+/// Most thin pools in one manifest.
+pub const MAX_POOLS: usize = 16;
+/// Most thin volumes on one pool (the pool superblock's volume table).
+pub const MAX_THIN_VOLUMES_PER_POOL: usize = 50;
 /// Most access rules in one manifest.
 pub const MAX_ACCESS_RULES: usize = 256;
 /// Volume sizes and file sizes are multiples of this (one page, the largest
@@ -235,6 +239,9 @@ pub enum VolumeKind {
     /// A namespace of an NVMe controller (image), the controller found by
     /// PCI address or serial (binary format version 2).
     Nvme,
+    /// A thin-provisioned volume on a pool's extents (hosted target;
+    /// binary format version 4).
+    Thin,
 }
 
 impl VolumeKind {
@@ -246,6 +253,7 @@ impl VolumeKind {
             VolumeKind::Block => 3,
             VolumeKind::VirtioBlk => 4,
             VolumeKind::Nvme => 5,
+            VolumeKind::Thin => 6,
         }
     }
 
@@ -257,11 +265,13 @@ impl VolumeKind {
             3 => Some(VolumeKind::Block),
             4 => Some(VolumeKind::VirtioBlk),
             5 => Some(VolumeKind::Nvme),
+            6 => Some(VolumeKind::Thin),
             _ => None,
         }
     }
 
-    /// The TOML spelling (`ram`, `file`, `block`, `virtio-blk`, `nvme`).
+    /// The TOML spelling (`ram`, `file`, `block`, `virtio-blk`, `nvme`,
+    /// `thin`).
     pub fn as_str(self) -> &'static str {
         match self {
             VolumeKind::Ram => "ram",
@@ -269,6 +279,7 @@ impl VolumeKind {
             VolumeKind::Block => "block",
             VolumeKind::VirtioBlk => "virtio-blk",
             VolumeKind::Nvme => "nvme",
+            VolumeKind::Thin => "thin",
         }
     }
 
@@ -280,6 +291,7 @@ impl VolumeKind {
             VolumeKind::Block,
             VolumeKind::VirtioBlk,
             VolumeKind::Nvme,
+            VolumeKind::Thin,
         ]
         .into_iter()
         .find(|kind| kind.as_str() == name)

@@ -8,7 +8,9 @@
 use std::net::Ipv4Addr;
 
 use manifest::binary::{fix_checksum, section, Manifest, ReadError, FORMAT_VERSION};
-use manifest::config::{AccessRule, Backing, Interface, Target, Volume, VolumeSet};
+use manifest::config::{
+    AccessRule, Backing, Interface, Pool, PoolBacking, Target, Volume, VolumeSet,
+};
 use manifest::types::{LimitError, Limits, MacAddress, PciAddress};
 use manifest::{AccessMode, Config, Ipv4Cidr};
 use proptest::prelude::*;
@@ -88,11 +90,11 @@ fn test_flipped_byte_is_checksum_mismatch() {
 fn test_header_errors() {
     let blob = two_ram();
     let mut bad = blob.clone();
-    bad[4] = 4;
+    bad[4] = 5;
     assert_eq!(
         Manifest::parse(&bad).unwrap_err(),
         ReadError::UnsupportedVersion {
-            found: 4,
+            found: 5,
             supported: FORMAT_VERSION
         }
     );
@@ -240,7 +242,7 @@ fn test_section_table_errors() {
         ReadError::TooManySections(17)
     );
     assert_eq!(
-        patched(blob.clone(), |b| b[16] = 6),
+        patched(blob.clone(), |b| b[16] = 7),
         ReadError::MissingSection("strings")
     );
     assert!(matches!(
@@ -368,7 +370,7 @@ fn test_errors_are_one_line() {
     );
     assert_eq!(
         patched(blob, |b| b[4] = 9).to_string(),
-        "manifest: format version 9 is not supported (this build reads versions 1 to 3): \
+        "manifest: format version 9 is not supported (this build reads versions 1 to 4): \
          the manifest is newer than this build"
     );
 }
@@ -401,7 +403,7 @@ fn arb_config() -> impl Strategy<Value = Config> {
     let interface = (any::<[u8; 5]>(), 1u8..=30, 576u16..=9000)
         .prop_map(|(mac, prefix, mtu)| (mac, prefix, mtu));
     let volume = (
-        0u8..5,
+        0u8..6,
         1u64..1_000_000,
         "[a-z0-9/_-]{1,20}",
         proptest::option::of(0u64..100),
@@ -441,7 +443,11 @@ fn arb_config() -> impl Strategy<Value = Config> {
                                 device: (pages % 32) as u8,
                                 function: (pages % 8) as u8,
                             }),
-                            _ => Backing::VirtioSerial(format!("s{i}")),
+                            4 => Backing::VirtioSerial(format!("s{i}")),
+                            _ => Backing::Thin {
+                                pool: "p0".into(),
+                                size: pages * 4096 * 1024,
+                            },
                         };
                         let device_path = if size.is_some() {
                             format!("p{i}/{}", path.replace(['/'], "x"))
@@ -456,7 +462,22 @@ fn arb_config() -> impl Strategy<Value = Config> {
                     })
                     .collect();
                 let volume_count = volumes.len();
+                let pools = if volumes
+                    .iter()
+                    .any(|v| matches!(v.backing, Backing::Thin { .. }))
+                {
+                    vec![Pool {
+                        name: "p0".into(),
+                        backing: PoolBacking::File {
+                            path: "/pools/p0.img".into(),
+                            size: Some(64 << 20),
+                        },
+                    }]
+                } else {
+                    Vec::new()
+                };
                 Config {
+                    pools,
                     target: Target {
                         name: "t".into(),
                         uuid,

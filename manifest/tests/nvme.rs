@@ -186,14 +186,14 @@ fn the_reader_holds_blobs_to_the_same_rules() {
 #[test]
 fn a_newer_blob_says_it_is_newer() {
     let mut blob = manifest::build(&manifest_with(TWO_NAMESPACES), "node.toml").unwrap();
-    blob[4] = 4;
+    blob[4] = 5;
     fix_checksum(&mut blob);
     let error = Manifest::parse(&blob).unwrap_err();
     assert_eq!(
         error,
         ReadError::UnsupportedVersion {
-            found: 4,
-            supported: 3
+            found: 5,
+            supported: 4
         }
     );
     assert!(error

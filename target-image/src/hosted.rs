@@ -2,7 +2,9 @@
 //!
 //! [`HostedVolume`] is RAM ([`RamVolume`](crate::RamVolume)) or a file or block device
 //! ([`hal::hosted::FileDevice`]: a worker pool doing `pread`/`pwrite`,
-//! FLUSH -> `fdatasync`, FUA -> write + `fdatasync` before completion).
+//! FLUSH -> `fdatasync`, FUA -> write + `fdatasync` before completion),
+//! or a thin volume on a pool that is such a file or device
+//! ([`HostedThin`](crate::hosted_thin::HostedThin), docs/THIN.md).
 //! [`open_volume`] opens what a manifest entry names: a file with a
 //! manifest size is created at that size if missing and grown to it if
 //! smaller (a larger one is refused: serving part of it would hide data);
@@ -14,6 +16,7 @@ use alloc::string::String;
 use std::fs::OpenOptions;
 use std::path::Path;
 
+use hal::block::Either;
 use hal::hosted::{FileConfig, FileDevice};
 use manifest::binary::{Backing, Volume};
 use rtrs::server::ServerConfig;
@@ -26,9 +29,9 @@ const FILE_WORKERS: usize = 4;
 /// engine); each slot owns a bounce buffer of one chunk.
 const FILE_QUEUE_DEPTH: u32 = 128;
 
-/// A volume of the hosted target: RAM, or a file or block device behind
-/// a worker pool.
-pub type HostedVolume = RamOr<FileDevice<Chunk>>;
+/// A volume of the hosted target: RAM, a file or block device behind a
+/// worker pool, or a thin volume on a pool.
+pub type HostedVolume = RamOr<Either<FileDevice<Chunk>, crate::hosted_thin::HostedThin>>;
 
 /// Opens the volume a manifest entry names (see the module docs).
 /// `config` bounds the transfers: one chunk at most.
@@ -49,12 +52,26 @@ pub fn open_volume(config: &ServerConfig, volume: &Volume<'_>) -> Result<HostedV
         Backing::File { path, size } => {
             prepare_file(Path::new(path), size).map_err(&fail)?;
             FileDevice::open(path, &file_config)
-                .map(RamOr::Device)
+                .map(|file| RamOr::Device(Either::Left(file)))
                 .map_err(|e| fail(format!("open {path}: {e}")))
         }
         Backing::Block { path } => FileDevice::open(path, &file_config)
-            .map(RamOr::Device)
+            .map(|file| RamOr::Device(Either::Left(file)))
             .map_err(|e| fail(format!("open {path}: {e}"))),
+        Backing::Thin { pool, size } => {
+            let pool_config = FileConfig {
+                queue_depth: FILE_QUEUE_DEPTH,
+                ..file_config
+            };
+            crate::hosted_thin::open_thin(
+                volume,
+                &pool,
+                size,
+                &pool_config,
+                file_config.queue_depth,
+            )
+            .map(|thin| RamOr::Device(Either::Right(thin)))
+        }
         Backing::VirtioBlk(_) => Err(fail(
             "virtio-blk volumes are served by the image, not the hosted target".into(),
         )),
@@ -68,7 +85,7 @@ pub fn open_volume(config: &ServerConfig, volume: &Volume<'_>) -> Result<HostedV
 
 /// Creates `path` at `size` if missing, grows it to `size` if smaller;
 /// refuses a file larger than `size` (serving part of it would hide data).
-fn prepare_file(path: &Path, size: Option<u64>) -> Result<(), String> {
+pub(crate) fn prepare_file(path: &Path, size: Option<u64>) -> Result<(), String> {
     let shown = path.display();
     let Some(size) = size else {
         return std::fs::metadata(path)

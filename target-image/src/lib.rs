@@ -91,6 +91,8 @@ mod error;
 #[cfg(feature = "std")]
 pub mod hosted;
 #[cfg(feature = "std")]
+pub mod hosted_thin;
+#[cfg(feature = "std")]
 pub mod ibv;
 mod icmp;
 mod io;
