@@ -554,7 +554,8 @@ pub fn build_static_client_tools() -> Result<(PathBuf, PathBuf)> {
                 "CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUSTFLAGS",
                 "-C target-feature=+crt-static",
             )
-            .args(["build", "--release"])
+            // No RDMA-device sessions: libibverbs does not link statically.
+            .args(["build", "--release", "--no-default-features"])
             .args(["-p", "brick-initiatord", "--bin", "brick-initiatord"])
             .args(["-p", "brick-cli", "--bin", "brick"])
             .args(["--target", triple, "--target-dir", "target/static"]),
