@@ -410,12 +410,14 @@ impl Session {
         let (link, hca) = match &spec.link {
             #[cfg(feature = "ibv")]
             SessionLink::Ibv(device) => {
-                let port = HostPort::open_ibv(device, spec.local_ip, arena).map_err(|error| {
-                    Error::Link {
-                        spec: spec.link.to_string(),
-                        error: io::Error::other(error.to_string()),
-                    }
-                })?;
+                let depth = config.rtrs.max_queue_depth;
+                let port =
+                    HostPort::open_ibv(device, spec.local_ip, arena, depth).map_err(|error| {
+                        Error::Link {
+                            spec: spec.link.to_string(),
+                            error: io::Error::other(error.to_string()),
+                        }
+                    })?;
                 (None, port)
             }
             SessionLink::Hosted(hosted) => {

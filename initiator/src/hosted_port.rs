@@ -21,14 +21,12 @@ use verbs_ibv::{IbvDevice, IbvLink};
 /// connections), 4096 completion-queue entries.
 pub type HostHca = Hca<Vec<u8>, OsKeys, 64, 32, 4096>;
 
-/// Memory regions, queue pairs and completion entries an RDMA device is
-/// opened with for one session (the software HCA's sizes).
+/// Memory regions and queue pairs an RDMA device is opened with for one
+/// session (the software HCA's sizes).
 #[cfg(feature = "ibv")]
 const IBV_REGIONS: usize = 64;
 #[cfg(feature = "ibv")]
 const IBV_CONNECTIONS: usize = 32;
-#[cfg(feature = "ibv")]
-const IBV_CQ_ENTRIES: u32 = 4096;
 
 /// The OS random source as the HCA's key source.
 #[derive(Clone, Copy, Debug, Default)]
@@ -157,7 +155,9 @@ impl HostPort {
     }
 
     /// Opens RDMA device `link` holding `address`, sized for one session
-    /// with `memory_bytes` of registered memory.
+    /// with `memory_bytes` of registered memory and queue depth
+    /// `queue_depth`: completion entries for every queue pair's send
+    /// (4 per request, as the RTRS client asks) and receive depth.
     ///
     /// # Errors
     /// [`verbs_ibv::OpenError`].
@@ -166,7 +166,11 @@ impl HostPort {
         link: &IbvLink,
         address: std::net::Ipv4Addr,
         memory_bytes: usize,
+        queue_depth: u16,
     ) -> Result<Self, verbs_ibv::OpenError> {
+        let qd = u32::from(queue_depth);
+        let per_qp = (4 * qd + 1) + (2 * qd + 9);
+        let cq_entries = per_qp.saturating_mul(IBV_CONNECTIONS as u32);
         IbvDevice::open(verbs_ibv::IbvConfig {
             device: link.device.clone(),
             port: link.port,
@@ -174,7 +178,7 @@ impl HostPort {
             memory_bytes,
             regions: IBV_REGIONS,
             connections: IBV_CONNECTIONS,
-            cq_entries: IBV_CQ_ENTRIES,
+            cq_entries,
         })
         .map(|device| Self::Ibv(Box::new(device)))
     }
