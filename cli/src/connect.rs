@@ -11,8 +11,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use hal::hosted::LinkSpec;
-use initiator::hosted::{Error, Session, SessionSpec, Volume};
+use initiator::hosted::{Error, Session, SessionLink, SessionSpec, Volume};
 use initiator::AccessMode;
 
 /// The RDMA CM port a `--target` without one uses (the manifest default).
@@ -32,11 +31,12 @@ pub struct ConnectArgs {
     /// `--link udp:` must use the same PORT on another IP, e.g.
     /// udp:127.0.0.2:4791 for a target on udp:127.0.0.1:4791),
     /// frame:connect:PATH or frame:listen:PATH (Ethernet frames over a
-    /// QEMU stream socket).
+    /// QEMU stream socket), or ibv:DEVICE[:PORT] (an RDMA device holding
+    /// the --local address: a ConnectX, or Linux rxe).
     #[arg(long, value_name = "SPEC")]
-    pub link: LinkSpec,
-    /// Our IPv4 address and prefix on a frame link (UDP links use the
-    /// socket's address).
+    pub link: SessionLink,
+    /// Our IPv4 address and prefix on a frame link or RDMA device (UDP
+    /// links use the socket's address).
     #[arg(long, value_name = "IP/PREFIX", default_value = "10.77.0.2/24")]
     pub local: LocalAddress,
     /// Our MAC on a frame link.

@@ -44,15 +44,13 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::rc::Rc;
 use std::time::Duration;
 
-use hal::hosted::{Link, LinkSpec, MonotonicClock, OsRng, Packet, PollIdle};
+use hal::hosted::{Link, MonotonicClock, OsRng, Packet, PollIdle};
 use hal::{Clock, DatagramNic, NicError, Rng};
-use roce::hca::{Hca, HcaConfig, LinkMode};
+use roce::hca::{HcaConfig, LinkMode};
 use rtrs::client::PathError;
-use verbs::{
-    AccessError, AccessFlags, AllocError, CmEvent, ConnId, ConnParams,
-    ConnectError as VerbsConnectError, KeySource, Lkey, Memory, MemoryHandle, MemoryRegion,
-    PostError, RecvWr, RegError, Rkey, SendWr, Verbs, WorkCompletion,
-};
+
+use crate::hosted_port::build_hca;
+pub use crate::hosted_port::{HostHca, HostPort, OsKeys, SessionLink};
 
 use crate::engine::{Completion, Event, Initiator, VolumeId, VolumeInfo};
 use crate::error::{CloseError, ConnectError, InitError, IoError, OpenError, SubmitError};
@@ -65,109 +63,14 @@ pub const RX_BURST: usize = 64;
 /// use smaller ones.
 pub const BLOCKING_TAG_BASE: u64 = 1 << 62;
 
-/// The hosted HCA: 64 memory regions, 32 queue pairs (paths ×
-/// connections), 4096 completion-queue entries.
-pub type HostHca = Hca<Vec<u8>, OsKeys, 64, 32, 4096>;
-
-/// The OS random source as the HCA's key source.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct OsKeys;
-
-impl KeySource for OsKeys {
-    fn next_u32(&mut self) -> u32 {
-        OsRng.next_u32()
-    }
-}
-
-/// A heap-allocated HCA as a verbs provider (every call forwarded), so the
-/// initiator that owns it stays small.
-pub struct BoxedHca(pub Box<HostHca>);
-
-impl Memory for BoxedHca {
-    fn with_slice<R>(
-        &self,
-        handle: MemoryHandle,
-        offset: u32,
-        len: u32,
-        f: impl FnOnce(&[u8]) -> R,
-    ) -> Result<R, AccessError> {
-        self.0.with_slice(handle, offset, len, f)
-    }
-
-    fn with_slice_mut<R>(
-        &mut self,
-        handle: MemoryHandle,
-        offset: u32,
-        len: u32,
-        f: impl FnOnce(&mut [u8]) -> R,
-    ) -> Result<R, AccessError> {
-        self.0.with_slice_mut(handle, offset, len, f)
-    }
-}
-
-impl Verbs for BoxedHca {
-    fn alloc(&mut self, len: u32, align: u32) -> Result<MemoryHandle, AllocError> {
-        self.0.alloc(len, align)
-    }
-    fn free(&mut self, buffer: MemoryHandle) -> Result<(), RegError> {
-        self.0.free(buffer)
-    }
-    fn reg_mr(
-        &mut self,
-        buffer: MemoryHandle,
-        access: AccessFlags,
-    ) -> Result<MemoryRegion, RegError> {
-        self.0.reg_mr(buffer, access)
-    }
-    fn rekey(&mut self, lkey: Lkey) -> Result<Rkey, RegError> {
-        self.0.rekey(lkey)
-    }
-    fn dereg_mr(&mut self, lkey: Lkey) -> Result<(), RegError> {
-        self.0.dereg_mr(lkey)
-    }
-    fn post_send(&mut self, conn: ConnId, requests: &[SendWr]) -> Result<(), PostError> {
-        self.0.post_send(conn, requests)
-    }
-    fn post_recv(&mut self, conn: ConnId, requests: &[RecvWr]) -> Result<(), PostError> {
-        self.0.post_recv(conn, requests)
-    }
-    fn poll_cq(&mut self, out: &mut [WorkCompletion]) -> usize {
-        self.0.poll_cq(out)
-    }
-    fn listen(&mut self, port: u16) -> Result<(), VerbsConnectError> {
-        self.0.listen(port)
-    }
-    fn connect(
-        &mut self,
-        remote: SocketAddr,
-        params: &ConnParams<'_>,
-    ) -> Result<ConnId, VerbsConnectError> {
-        self.0.connect(remote, params)
-    }
-    fn accept(&mut self, conn: ConnId, params: &ConnParams<'_>) -> Result<(), VerbsConnectError> {
-        self.0.accept(conn, params)
-    }
-    fn reject(&mut self, conn: ConnId, private_data: &[u8]) -> Result<(), VerbsConnectError> {
-        self.0.reject(conn, private_data)
-    }
-    fn disconnect(&mut self, conn: ConnId) -> Result<(), VerbsConnectError> {
-        self.0.disconnect(conn)
-    }
-    fn destroy(&mut self, conn: ConnId) -> Result<(), VerbsConnectError> {
-        self.0.destroy(conn)
-    }
-    fn poll_cm_event(&mut self) -> Option<CmEvent> {
-        self.0.poll_cm_event()
-    }
-}
-
 /// Everything [`Session::connect`] needs.
 #[derive(Clone, Debug)]
 pub struct SessionSpec {
     /// RTRS session name (the target's access rules match it).
     pub name: String,
-    /// The link to open.
-    pub link: LinkSpec,
+    /// The link to open: a hosted link for the software HCA, or an RDMA
+    /// device (`ibv:DEVICE[:PORT]`, found by [`local_ip`](Self::local_ip)).
+    pub link: SessionLink,
     /// The target's RTRS addresses, one per path (e.g. `10.0.0.1:1234`).
     pub paths: Vec<SocketAddr>,
     /// Our MAC (frame links; in UDP mode it only names the HCA).
@@ -186,12 +89,12 @@ impl SessionSpec {
     /// A spec with defaults: MAC `52:54:00:b1:c0:01`, IP 10.0.0.2 (frame
     /// links only), [`InitiatorConfig::new`] with OS-random uuids, 10 s to
     /// connect, 60 s per blocking IO (longer than the 30 s hold timeout).
-    pub fn new(name: &str, link: LinkSpec, paths: Vec<SocketAddr>) -> Self {
+    pub fn new(name: &str, link: impl Into<SessionLink>, paths: Vec<SocketAddr>) -> Self {
         let mut seed = [0u8; 16];
         OsRng.fill_bytes(&mut seed);
         Self {
             name: name.to_owned(),
-            link,
+            link: link.into(),
             paths,
             local_mac: [0x52, 0x54, 0x00, 0xb1, 0xc0, 0x01],
             local_ip: Ipv4Addr::new(10, 0, 0, 2),
@@ -301,10 +204,17 @@ impl From<IoError> for Error {
     }
 }
 
+/// How long a session on an RDMA device keeps polling after the last
+/// work before it arms its completion queues and sleeps.
+const IBV_SPIN_NS: u64 = 20_000_000;
+
 /// The single-threaded host: initiator + link + clock.
 struct Host {
-    init: Initiator<BoxedHca>,
-    link: Link,
+    init: Initiator<HostPort>,
+    /// The software HCA's link (none on an RDMA device).
+    link: Option<Link>,
+    /// When the loop last found work (RDMA devices spin for a while after).
+    last_busy: u64,
     clock: MonotonicClock,
     waiter: PollIdle,
     events: Vec<Event>,
@@ -322,50 +232,57 @@ impl Host {
     fn pump(&mut self) -> Result<bool, Error> {
         let now = self.clock.now();
         let mut busy = false;
-        let hca = &mut self.init.verbs_mut().0;
-        for _ in 0..RX_BURST {
-            let received = self
-                .link
-                .receive(|packet| match packet {
-                    Packet::Frame(frame) => hca.receive(now, frame),
-                    Packet::Datagram(from, datagram) => hca.receive_datagram(now, from, datagram),
-                })
-                .map_err(Error::LinkFailed)?;
-            if !received {
-                break;
+        if let (Some(link), Some(hca)) = (self.link.as_mut(), self.init.verbs_mut().hca_mut()) {
+            for _ in 0..RX_BURST {
+                let received = link
+                    .receive(|packet| match packet {
+                        Packet::Frame(frame) => hca.receive(now, frame),
+                        Packet::Datagram(from, datagram) => {
+                            hca.receive_datagram(now, from, datagram)
+                        }
+                    })
+                    .map_err(Error::LinkFailed)?;
+                if !received {
+                    break;
+                }
+                busy = true;
             }
-            busy = true;
         }
         busy |= self.init.poll(now);
-        let hca = &mut self.init.verbs_mut().0;
-        let link = &mut self.link;
-        busy |= match link {
-            Link::Frame(_) => hca.poll(now, &mut |h: &[u8], p: &[&[u8]], t: &[u8]| {
-                link.transmit(h, p, t)
-            }),
-            Link::Udp(_) => hca.poll_datagrams(
-                now,
-                &mut |to: SocketAddrV4, h: &[u8], p: &[&[u8]], t: &[u8]| {
-                    link.transmit_datagram(to, h, p, t)
-                },
-            ),
-        };
-        if link.has_pending_output() {
-            link.flush();
+        if let (Some(link), Some(hca)) = (self.link.as_mut(), self.init.verbs_mut().hca_mut()) {
+            busy |= match link {
+                Link::Frame(_) => hca.poll(now, &mut |h: &[u8], p: &[&[u8]], t: &[u8]| {
+                    link.transmit(h, p, t)
+                }),
+                Link::Udp(_) => hca.poll_datagrams(
+                    now,
+                    &mut |to: SocketAddrV4, h: &[u8], p: &[&[u8]], t: &[u8]| {
+                        link.transmit_datagram(to, h, p, t)
+                    },
+                ),
+            };
+            if link.has_pending_output() {
+                link.flush();
+            }
         }
         while let Some(event) = self.init.next_event() {
             busy = true;
             self.events.push(event);
         }
+        if busy {
+            self.last_busy = now;
+        }
         Ok(busy)
     }
 
-    /// Blocks until the link has input, or the next deadline (at most
-    /// `limit`).
+    /// Blocks until the link (or the RDMA device) has input, or the next
+    /// deadline (at most `limit`). On an RDMA device it first keeps
+    /// polling for [`IBV_SPIN_NS`] after the last work, then arms the
+    /// completion queues, polls once more and sleeps on its channels.
     fn idle(&mut self, limit: u64) {
         let now = self.clock.now();
-        let hca_at = self.init.verbs().0.poll_at(now);
-        let wake = [self.init.poll_at(), hca_at, Some(limit)]
+        let port_at = self.init.verbs().poll_at(now);
+        let wake = [self.init.poll_at(), port_at, Some(limit)]
             .into_iter()
             .flatten()
             .min()
@@ -374,8 +291,27 @@ impl Host {
             return;
         }
         self.waiter.clear();
-        self.waiter.watch_link(&self.link);
+        if let Some(link) = &self.link {
+            self.waiter.watch_link(link);
+        } else if let Some(fds) = self.init.verbs().wake_fds() {
+            if now.saturating_sub(self.last_busy) < IBV_SPIN_NS {
+                std::thread::yield_now();
+                return;
+            }
+            let armed = self.init.verbs().arm();
+            for fd in fds {
+                self.waiter.watch_readable(fd);
+            }
+            if !armed || self.pump().unwrap_or(true) {
+                self.init.verbs().disarm();
+                return;
+            }
+        }
         let _ = self.waiter.wait(Some(wake));
+        if self.link.is_none() {
+            self.init.verbs().disarm();
+            self.last_busy = self.clock.now();
+        }
     }
 
     /// Runs the loop until `done` gives a value or `timeout` passes.
@@ -467,38 +403,55 @@ impl Session {
     /// [`Error::Link`], [`Error::NotIpv4`], [`Error::Init`],
     /// [`Error::Connect`].
     pub fn begin(spec: &SessionSpec) -> Result<Session, Error> {
-        let link = spec.link.open().map_err(|error| Error::Link {
-            spec: spec.link.to_string(),
-            error,
-        })?;
-        let (link, ip, mode) = match link {
-            Link::Frame(frame) => (
-                Link::Frame(frame.with_mac(spec.local_mac)),
-                spec.local_ip,
-                LinkMode::Ethernet,
-            ),
-            Link::Udp(nic) => {
-                let local = nic.local_addr();
-                let IpAddr::V4(ip) = local.ip() else {
-                    return Err(Error::NotIpv4 { found: local });
-                };
-                (Link::Udp(nic), ip, LinkMode::Udp { port: local.port() })
-            }
-        };
         let config = spec.config;
         let arena = usize::try_from(config.pool_bytes())
             .unwrap_or(usize::MAX)
             .saturating_add(rtrs_bytes(&config));
-        let hca_config = HcaConfig {
-            mac: spec.local_mac,
-            ip: ip.octets(),
+        let (link, hca) = match &spec.link {
+            #[cfg(feature = "ibv")]
+            SessionLink::Ibv(device) => {
+                let depth = config.rtrs.max_queue_depth;
+                let port =
+                    HostPort::open_ibv(device, spec.local_ip, arena, depth).map_err(|error| {
+                        Error::Link {
+                            spec: spec.link.to_string(),
+                            error: io::Error::other(error.to_string()),
+                        }
+                    })?;
+                (None, port)
+            }
+            SessionLink::Hosted(hosted) => {
+                let link = hosted.open().map_err(|error| Error::Link {
+                    spec: spec.link.to_string(),
+                    error,
+                })?;
+                let (link, ip, mode) = match link {
+                    Link::Frame(frame) => (
+                        Link::Frame(frame.with_mac(spec.local_mac)),
+                        spec.local_ip,
+                        LinkMode::Ethernet,
+                    ),
+                    Link::Udp(nic) => {
+                        let local = nic.local_addr();
+                        let IpAddr::V4(ip) = local.ip() else {
+                            return Err(Error::NotIpv4 { found: local });
+                        };
+                        (Link::Udp(nic), ip, LinkMode::Udp { port: local.port() })
+                    }
+                };
+                let hca_config = HcaConfig {
+                    mac: spec.local_mac,
+                    ip: ip.octets(),
+                };
+                (Some(link), build_hca(arena, hca_config, mode))
+            }
         };
-        let hca = build_hca(arena, hca_config, mode);
         let mut init = Initiator::new(hca, config).map_err(Error::Init)?;
         let clock = MonotonicClock::new();
         init.connect(&spec.name, &spec.paths, clock.now())
             .map_err(Error::Connect)?;
         let host = Host {
+            last_busy: clock.now(),
             init,
             link,
             clock,
@@ -549,9 +502,14 @@ impl Session {
     /// sessions from one thread waits on all of them at once.
     pub fn watch(&self, idle: &mut PollIdle) -> Option<u64> {
         let host = self.host.borrow();
-        idle.watch_link(&host.link);
+        if let Some(link) = &host.link {
+            idle.watch_link(link);
+        }
+        for fd in host.init.verbs().wake_fds().into_iter().flatten() {
+            idle.watch_readable(fd);
+        }
         let now = host.clock.now();
-        [host.init.poll_at(), host.init.verbs().0.poll_at(now)]
+        [host.init.poll_at(), host.init.verbs().poll_at(now)]
             .into_iter()
             .flatten()
             .min()
@@ -655,7 +613,7 @@ impl Session {
 
     /// The HCA's frame, drop and retransmission counters.
     pub fn hca_counters(&self) -> roce::qp::Counters {
-        *self.host.borrow().init.verbs().0.counters()
+        self.host.borrow().init.verbs().counters()
     }
 
     /// Whether the session is usable now.
@@ -696,32 +654,6 @@ fn rtrs_bytes(config: &InitiatorConfig) -> usize {
     let recv = 2 * qd + 8;
     let control = 512 + 8 + 16 * qd + usize::from(rtrs.max_connections_per_path) * recv * 8;
     headers + usize::from(rtrs.max_paths) * (control + 4096) + (1 << 20)
-}
-
-/// Builds the (large) HCA on a thread with a big stack and returns it
-/// boxed, so the caller's stack never holds it.
-fn build_hca(arena: usize, config: HcaConfig, mode: LinkMode) -> BoxedHca {
-    match std::thread::Builder::new()
-        .stack_size(64 << 20)
-        .spawn(move || build_hca_here(arena, config, mode))
-        .map(|handle| handle.join())
-    {
-        Ok(Ok(hca)) => hca,
-        // No thread could be made (or it died): build it here.
-        _ => build_hca_here(arena, config, mode),
-    }
-}
-
-/// The HCA built on this thread's stack (in debug builds the value passes
-/// through the stack before it is boxed: several MiB).
-#[inline(never)]
-fn build_hca_here(arena: usize, config: HcaConfig, mode: LinkMode) -> BoxedHca {
-    BoxedHca(Box::new(Hca::with_link(
-        vec![0u8; arena],
-        OsKeys,
-        config,
-        mode,
-    )))
 }
 
 /// An open volume of a [`Session`].

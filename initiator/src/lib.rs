@@ -36,6 +36,7 @@ pub mod config;
 pub mod engine;
 pub mod error;
 pub mod hosted;
+mod hosted_port;
 pub mod stats;
 
 pub use config::{InitiatorConfig, OnDisconnect};

@@ -24,7 +24,7 @@ pub struct BenchArgs {
     /// Runs per job (the median is reported).
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
     runs: u32,
-    /// Only these target kinds (linux-ref, brick-hosted, brick-image);
+    /// Only these target kinds (linux-ref, brick-hosted, brick-image, brick-verbs);
     /// repeatable. Default: all.
     #[arg(long = "target")]
     targets: Vec<String>,

@@ -70,6 +70,9 @@ struct Case {
     /// The initiator gets a static `brick-initiatord` and `brick`
     /// ([`DAEMON_IN_GUEST`], [`CLI_IN_GUEST`]).
     daemon: bool,
+    /// The initiator gets the release `brick` with its libraries (Brick's
+    /// initiator on the VM's rxe, [`crate::initiator_rxe`]).
+    rxe_cli: bool,
     run: CaseFn,
 }
 
@@ -81,11 +84,18 @@ const fn case(name: &'static str, tier: Tier, paths: usize, mtu: u32, run: CaseF
         mtu,
         probe: false,
         daemon: false,
+        rxe_cli: false,
         run,
     }
 }
 
 /// `case` on a bed whose initiator carries `brick-initiatord`.
+/// `case` with the dynamic `brick` in the initiator VM.
+const fn with_rxe_cli(mut case: Case) -> Case {
+    case.rxe_cli = true;
+    case
+}
+
 const fn with_daemon(mut case: Case) -> Case {
     case.daemon = true;
     case
@@ -106,6 +116,7 @@ const CASES: &[Case] = &[
     case("read_only", Tier::Smoke, 1, 1500, read_only),
     case("nvme_connect_verify", Tier::Smoke, 1, 1500, nvme_connect_verify),
     case("rping_linux", Tier::Smoke, 1, 1500, rping_linux),
+    with_rxe_cli(case("brick_initiator_rxe", Tier::Full, 1, 1500, crate::initiator_rxe::brick_initiator_rxe)),
     case("verify_4k", Tier::Full, 1, 1500, verify_4k),
     case("verify_128k", Tier::Full, 1, 1500, verify_128k),
     case("verify_mixed", Tier::Full, 1, 1500, verify_mixed),
@@ -441,6 +452,7 @@ fn vm_suite(
     let (mut passed, mut failed, mut skipped) = (0, 0, 0);
     let mut bed: Option<Bed> = None;
     let mut client_tools: Option<Result<(std::path::PathBuf, std::path::PathBuf)>> = None;
+    let mut rxe_cli: Option<Result<Vec<(std::path::PathBuf, String)>>> = None;
     for case in cases {
         if case.probe && !kind.has_probe_port() {
             // Not worth booting a bed to find out.
@@ -463,6 +475,17 @@ fn vm_suite(
             continue;
         }
         let mut extra_files = Vec::new();
+        if case.rxe_cli {
+            match rxe_cli.get_or_insert_with(crate::initiator_rxe::cli_files) {
+                Ok(files) => extra_files.extend(files.iter().cloned()),
+                Err(error) => {
+                    println!("vm {} {} ... FAILED (build)", kind.name(), case.name);
+                    failures.push(format!("{} {}: {error:#}", kind.name(), case.name));
+                    failed += 1;
+                    continue;
+                }
+            }
+        }
         if case.daemon {
             match client_tools.get_or_insert_with(crate::target::build_static_client_tools) {
                 Ok((daemon, cli)) => {

@@ -200,12 +200,14 @@ impl TargetKind {
         }
     }
 
-    /// Whether Brick answers the client's ARP (its own stack), so a first
-    /// map must not hang on the Linux client's missed neighbour update
-    /// (issue 13's race). On linux-ref and brick-verbs the target's ARP is
-    /// the Linux kernel's.
+    /// Whether the client's first ARP request gets the second reply that
+    /// wakes a Linux client's queued resolution, so a first map must not
+    /// hang on its missed neighbour update: Brick's own stack answers twice,
+    /// and brick-target on an RDMA device repeats the kernel's answer
+    /// (`hal::hosted::ArpRepeater`). Only linux-ref's ARP is the kernel's
+    /// alone.
     pub fn answers_arp(self) -> bool {
-        !matches!(self, TargetKind::LinuxReference | TargetKind::BrickVerbs)
+        self != TargetKind::LinuxReference
     }
 
     /// Whether the full tier runs it only when it is named with
@@ -554,7 +556,8 @@ pub fn build_static_client_tools() -> Result<(PathBuf, PathBuf)> {
                 "CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUSTFLAGS",
                 "-C target-feature=+crt-static",
             )
-            .args(["build", "--release"])
+            // No RDMA-device sessions: libibverbs does not link statically.
+            .args(["build", "--release", "--no-default-features"])
             .args(["-p", "brick-initiatord", "--bin", "brick-initiatord"])
             .args(["-p", "brick-cli", "--bin", "brick"])
             .args(["--target", triple, "--target-dir", "target/static"]),

@@ -10,6 +10,8 @@
 //! through a descriptor of its own. [`signals`] turns SIGINT/SIGTERM,
 //! SIGUSR1 and SIGHUP into flags the daemons' loops read.
 
+#[allow(unsafe_code)]
+pub mod arp_repeat;
 pub mod clock;
 pub mod file;
 pub mod frame_link;
@@ -23,6 +25,7 @@ mod sys;
 pub mod udp;
 pub mod wait;
 
+pub use arp_repeat::ArpRepeater;
 pub use clock::MonotonicClock;
 pub use file::{FileConfig, FileDevice};
 pub use frame_link::{FrameEndpoint, FrameLink};

@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use hal::hosted::{signals, MonotonicClock, PollIdle};
+use hal::hosted::{signals, ArpRepeater, MonotonicClock, PollIdle};
 use hal::Clock;
 use manifest::binary::Manifest;
 use target_image::ibv::ibv_config;
@@ -39,7 +39,21 @@ pub fn run(manifest: Manifest<'_>, links: &[IbvLink]) -> Result<(), String> {
         );
         devices.push(device);
     }
-    let fds: Vec<i32> = devices.iter().flat_map(IbvDevice::wake_fds).collect();
+    // The kernel answers ARP for these addresses; answering once more
+    // spares a Linux client's first map its resolution race
+    // (hal::hosted::arp_repeat).
+    let mut arp: Vec<ArpRepeater> = Vec::new();
+    for iface in manifest.interfaces() {
+        match ArpRepeater::open(iface.address.address) {
+            Ok(repeater) => arp.push(repeater),
+            Err(e) => eprintln!(
+                "brick-target: interface {}: ARP replies not repeated ({e}); a Linux client's first map may wait for its neighbour update",
+                iface.name
+            ),
+        }
+    }
+    let mut fds: Vec<i32> = devices.iter().flat_map(IbvDevice::wake_fds).collect();
+    fds.extend(arp.iter().map(ArpRepeater::fd));
     let target = manifest.target();
     let mut engine =
         Engine::with_ports(manifest, devices, hosted::open_volume).map_err(|e| e.to_string())?;
@@ -69,7 +83,11 @@ pub fn run(manifest: Manifest<'_>, links: &[IbvLink]) -> Result<(), String> {
             let _ = engine.poll(now, &mut sink);
             break;
         }
-        if engine.poll(now, &mut sink) {
+        let mut busy = engine.poll(now, &mut sink);
+        for repeater in &mut arp {
+            busy |= repeater.poll(now);
+        }
+        if busy {
             last_work = now;
             continue;
         }
@@ -85,6 +103,9 @@ pub fn run(manifest: Manifest<'_>, links: &[IbvLink]) -> Result<(), String> {
         let armed = devices().all(IbvDevice::arm);
         let busy = engine.poll(now, &mut sink);
         let mut wake = engine.poll_at(now);
+        for at in arp.iter().filter_map(ArpRepeater::poll_at) {
+            wake = Some(wake.map_or(at, |w| w.min(at)));
+        }
         if let Some(deadline) = stop_deadline {
             wake = Some(wake.map_or(deadline, |w| w.min(deadline)));
         }
