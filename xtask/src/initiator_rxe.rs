@@ -51,7 +51,7 @@ pub fn brick_initiator_rxe(bed: &mut Bed) -> Result<()> {
         .lines()
         .filter(|l| l.contains("checked") || l.contains("wrote"))
     {
-        step(line.trim().to_string());
+        step(line.trim());
     }
     let json = output
         .lines()
