@@ -6,10 +6,16 @@
 //! is processed in between wakes nobody, and the map waits for the next
 //! neighbour update or the 30 s resolve timeout (the software HCA answers
 //! twice for this reason, `roce/src/arp.rs`). When Brick serves through the
-//! host's RDMA device (`brick-target --link ibv:`), the kernel answers ARP;
-//! this repeats its answer once, unicast, [`REPEAT_DELAY_NS`] later, so the
-//! queued resolution is woken. Standard ARP: a reply repeats what the
-//! kernel said, to the host that asked.
+//! host's RDMA device (`brick-target --link ibv:`), the kernel answers ARP
+//! with one unicast reply, which makes the client's entry REACHABLE. A
+//! second unicast reply changes nothing there, so wakes nobody; a
+//! *broadcast* reply makes the entry STALE (broadcast replies do not assert
+//! reachability) — a state change, which wakes the queued resolution — but
+//! only once the entry's lock time (1 s) has passed since the first reply,
+//! before that the client keeps the first answer unchanged. So this repeats
+//! the kernel's answer once, broadcast, [`REPEAT_DELAY_NS`] after the
+//! request: a first map that lost the race waits about a second, not 30.
+//! Standard ARP: the reply says what the kernel said.
 //!
 //! It reads ARP requests on the interface holding the address through an
 //! `AF_PACKET` datagram socket (needs `CAP_NET_RAW`), non-blocking.
@@ -18,8 +24,9 @@ use std::io;
 use std::net::Ipv4Addr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
-/// How long after the kernel's reply the repeat goes out.
-pub const REPEAT_DELAY_NS: u64 = 50_000_000;
+/// How long after the request the repeat goes out: past the client's ARP
+/// lock time (1 s, Linux `locktime`), so the broadcast reply is applied.
+pub const REPEAT_DELAY_NS: u64 = 1_100_000_000;
 /// Repeats waiting at once (more requests at once are answered by the
 /// kernel alone).
 const PENDING: usize = 16;
@@ -119,7 +126,7 @@ impl ArpRepeater {
         while let Some(at) = self.pending.iter().position(|&(due, _, _)| due <= now) {
             let (_, mac, ip) = self.pending.swap_remove(at);
             let reply = reply(self.mac, self.ip.octets(), mac, ip);
-            let address = link_address(self.ifindex, mac);
+            let address = link_address(self.ifindex, [0xff; 6]);
             // SAFETY: `reply` and `address` are valid for the sizes passed.
             unsafe {
                 libc::sendto(
