@@ -19,7 +19,9 @@
 //! * Receive takes up to [`BATCH`] datagrams with one recvmmsg(2) into a
 //!   ring of slots allocated at bind time and hands them out one per
 //!   [`DatagramNic::receive`]; the socket is read again when the ring is
-//!   empty. A slot holds one IP-MTU datagram, as a NIC's RX buffer holds
+//!   empty. A batch that did not fill the ring drained the socket: the
+//!   call after its last datagram answers "nothing" without a system call
+//!   (the end of the burst), and the one after that reads again. A slot holds one IP-MTU datagram, as a NIC's RX buffer holds
 //!   one MTU frame: a longer datagram is dropped and counted
 //!   ([`UdpStats::oversized_in`]).
 //! * [`UdpNic::queue`] copies a datagram into a TX slot (the engine's
@@ -97,6 +99,9 @@ pub struct UdpNic {
     /// The next slot to hand out, and how many the last batch filled.
     rx_next: usize,
     rx_count: usize,
+    /// The last batch did not fill the ring: the socket was empty then,
+    /// so the next empty-ring call answers "nothing" without reading.
+    rx_drained: bool,
     /// [`BATCH`] transmit slots; the first `tx_count` are queued.
     tx: Box<[u8]>,
     tx_meta: Box<[Option<Queued>]>,
@@ -138,6 +143,7 @@ impl UdpNic {
             rx_meta: vec![Received::default(); BATCH].into_boxed_slice(),
             rx_next: 0,
             rx_count: 0,
+            rx_drained: false,
             tx: vec![0; BATCH * slot_len].into_boxed_slice(),
             tx_meta: vec![None; BATCH].into_boxed_slice(),
             tx_count: 0,
@@ -391,6 +397,11 @@ impl DatagramNic for UdpNic {
             if self.rx_next == self.rx_count {
                 self.rx_next = 0;
                 self.rx_count = 0;
+                if std::mem::take(&mut self.rx_drained) {
+                    // A burst ends here; the caller's next turn (or its
+                    // level-triggered poll) reads the socket again.
+                    return Ok(None);
+                }
                 let got = sys::receive_batch(
                     self.socket.as_fd(),
                     &mut self.rx,
@@ -402,6 +413,7 @@ impl DatagramNic for UdpNic {
                     return Ok(None);
                 }
                 self.rx_count = got;
+                self.rx_drained = got < BATCH;
                 self.stats.receive_batches += 1;
             }
             let index = self.rx_next;
