@@ -38,6 +38,10 @@ pub struct BenchInitiatorArgs {
     /// Skip the VM columns (Linux rnbd_server, Brick behind the relay).
     #[arg(long)]
     no_vm: bool,
+    /// Run `DIR/brick-target` and `DIR/brick` instead of building them
+    /// (to compare two builds under the same machine load).
+    #[arg(long, value_name = "DIR")]
+    bins: Option<std::path::PathBuf>,
 }
 
 /// One `brick bench` workload.
@@ -252,7 +256,10 @@ fn udp_ceiling(seconds: u32) -> Result<(f64, f64, f64, f64)> {
 }
 
 pub fn run(args: BenchInitiatorArgs) -> Result<()> {
-    let (target_binary, cli) = crate::util::build_target_and_cli()?;
+    let (target_binary, cli) = match &args.bins {
+        Some(dir) => (dir.join("brick-target"), dir.join("brick")),
+        None => crate::util::build_target_and_cli()?,
+    };
     let dir = crate::paths::scratch("bench-initiator");
     let repo = crate::paths::repo();
     let mut columns: Vec<(&'static str, Vec<Sample>)> = Vec::new();
