@@ -91,6 +91,12 @@ pub struct UdpNic {
     socket: UdpSocket,
     local: SocketAddr,
     mtu: usize,
+    /// The slots and their state, boxed so that a link stays small.
+    ring: Box<Ring>,
+}
+
+/// The receive and transmit slots of a [`UdpNic`].
+struct Ring {
     /// Bytes per RX and TX slot: the largest datagram of the MTU.
     slot_len: usize,
     /// [`BATCH`] receive slots.
@@ -109,6 +115,24 @@ pub struct UdpNic {
     /// UDP GSO is used (until the kernel refuses it).
     gso: bool,
     stats: UdpStats,
+}
+
+impl Ring {
+    fn new(slot_len: usize) -> Self {
+        Self {
+            slot_len,
+            rx: vec![0; BATCH * slot_len].into_boxed_slice(),
+            rx_meta: vec![Received::default(); BATCH].into_boxed_slice(),
+            rx_next: 0,
+            rx_count: 0,
+            rx_drained: false,
+            tx: vec![0; BATCH * slot_len].into_boxed_slice(),
+            tx_meta: vec![None; BATCH].into_boxed_slice(),
+            tx_count: 0,
+            gso: true,
+            stats: UdpStats::default(),
+        }
+    }
 }
 
 /// The slot length for an IP MTU: the datagram it allows, rounded up to
@@ -133,22 +157,11 @@ impl UdpNic {
         socket.set_nonblocking(true)?;
         sys::set_socket_buffers(socket.as_fd(), SOCKET_BUFFER_BYTES)?;
         let local = socket.local_addr()?;
-        let slot_len = slot_len_for(DEFAULT_MTU);
         Ok(Self {
             socket,
             local,
             mtu: DEFAULT_MTU,
-            slot_len,
-            rx: vec![0; BATCH * slot_len].into_boxed_slice(),
-            rx_meta: vec![Received::default(); BATCH].into_boxed_slice(),
-            rx_next: 0,
-            rx_count: 0,
-            rx_drained: false,
-            tx: vec![0; BATCH * slot_len].into_boxed_slice(),
-            tx_meta: vec![None; BATCH].into_boxed_slice(),
-            tx_count: 0,
-            gso: true,
-            stats: UdpStats::default(),
+            ring: Box::new(Ring::new(slot_len_for(DEFAULT_MTU))),
         })
     }
 
@@ -158,13 +171,10 @@ impl UdpNic {
     pub fn with_mtu(mut self, mtu: usize) -> Self {
         self.mtu = mtu;
         let slot_len = slot_len_for(mtu);
-        if slot_len != self.slot_len {
-            self.slot_len = slot_len;
-            self.rx = vec![0; BATCH * slot_len].into_boxed_slice();
-            self.tx = vec![0; BATCH * slot_len].into_boxed_slice();
-            self.rx_next = 0;
-            self.rx_count = 0;
-            self.tx_count = 0;
+        if slot_len != self.ring.slot_len {
+            let gso = self.ring.gso;
+            self.ring = Box::new(Ring::new(slot_len));
+            self.ring.gso = gso;
         }
         self
     }
@@ -186,18 +196,18 @@ impl UdpNic {
 
     /// What the NIC did so far.
     pub fn stats(&self) -> UdpStats {
-        self.stats
+        self.ring.stats
     }
 
     /// Turns UDP GSO off (on by default), e.g. to measure what it saves.
     pub fn without_gso(mut self) -> Self {
-        self.gso = false;
+        self.ring.gso = false;
         self
     }
 
     /// Whether queued datagrams wait for [`UdpNic::flush`].
     pub fn has_queued(&self) -> bool {
-        self.tx_count > 0
+        self.ring.tx_count > 0
     }
 
     /// Queues one datagram to `to`: `header` then the `payload` slices,
@@ -216,26 +226,26 @@ impl UdpNic {
         payload: &[&[u8]],
     ) -> Result<(), NicError> {
         let len = datagram_len(header, payload)?;
-        if len > self.slot_len {
+        if len > self.ring.slot_len {
             self.flush()?;
             return self.send_now(to, header, payload);
         }
-        if self.tx_count == BATCH {
+        if self.ring.tx_count == BATCH {
             // Flushed as far as the socket takes it; still full: drop.
             let _ = self.flush();
-            if self.tx_count == BATCH {
-                self.stats.dropped_out += 1;
+            if self.ring.tx_count == BATCH {
+                self.ring.stats.dropped_out += 1;
                 return Err(NicError::Busy);
             }
         }
-        let slot = &mut self.tx[self.tx_count * self.slot_len..][..len];
+        let slot = &mut self.ring.tx[self.ring.tx_count * self.ring.slot_len..][..len];
         let mut at = 0;
         for piece in [header].into_iter().chain(payload.iter().copied()) {
             slot[at..at + piece.len()].copy_from_slice(piece);
             at += piece.len();
         }
-        self.tx_meta[self.tx_count] = Some(Queued { to, len });
-        self.tx_count += 1;
+        self.ring.tx_meta[self.ring.tx_count] = Some(Queued { to, len });
+        self.ring.tx_count += 1;
         Ok(())
     }
 
@@ -249,7 +259,7 @@ impl UdpNic {
     /// `Busy` when the socket would block with datagrams still queued.
     pub fn flush(&mut self) -> Result<(), NicError> {
         let mut start = 0;
-        while start < self.tx_count {
+        while start < self.ring.tx_count {
             let mut runs = [(0usize, 0usize, 0usize); BATCH];
             let run_count = self.plan_runs(start, &mut runs);
             if run_count == 0 {
@@ -257,50 +267,54 @@ impl UdpNic {
             }
             let iovecs: [IoSlice<'_>; BATCH] = std::array::from_fn(|index| {
                 let len = self
+                    .ring
                     .tx_meta
                     .get(start + index)
                     .copied()
                     .flatten()
                     .map_or(0, |queued| queued.len);
-                self.tx
-                    .get((start + index) * self.slot_len..)
+                self.ring
+                    .tx
+                    .get((start + index) * self.ring.slot_len..)
                     .map_or(IoSlice::new(&[]), |slot| IoSlice::new(&slot[..len]))
             });
             let outgoing: [Outgoing<'_>; BATCH] = std::array::from_fn(|index| {
                 let (first, count, segment) = runs[index.min(run_count.saturating_sub(1))];
                 Outgoing {
-                    to: self.tx_meta[first].map_or(self.local, |queued| queued.to),
+                    to: self.ring.tx_meta[first].map_or(self.local, |queued| queued.to),
                     buffers: &iovecs[first - start..first - start + count],
                     segment: (count > 1).then(|| u16::try_from(segment).unwrap_or(u16::MAX)),
                 }
             });
             match sys::send_batch(self.socket.as_fd(), &outgoing[..run_count]) {
                 Ok(sent) => {
-                    self.stats.send_calls += 1;
+                    self.ring.stats.send_calls += 1;
                     for &(_, count, _) in &runs[..sent.min(run_count)] {
                         start += count;
-                        self.stats.datagrams_out += count as u64;
-                        self.stats.gso_runs += u64::from(count > 1);
+                        self.ring.stats.datagrams_out += count as u64;
+                        self.ring.stats.gso_runs += u64::from(count > 1);
                     }
                 }
                 Err(error) if is_transient(&error) => break,
                 Err(error) => {
                     let (_, count, _) = runs[0];
-                    if count > 1 && self.gso && refuses_gso(&error) {
-                        self.gso = false;
+                    if count > 1 && self.ring.gso && refuses_gso(&error) {
+                        self.ring.gso = false;
                         continue;
                     }
                     // The first message is the one refused: drop it.
                     start += count;
-                    self.stats.dropped_out += count as u64;
+                    self.ring.stats.dropped_out += count as u64;
                 }
             }
         }
-        self.tx
-            .copy_within(start * self.slot_len..self.tx_count * self.slot_len, 0);
-        self.tx_meta.copy_within(start..self.tx_count, 0);
-        self.tx_count -= start;
-        if self.tx_count > 0 {
+        self.ring.tx.copy_within(
+            start * self.ring.slot_len..self.ring.tx_count * self.ring.slot_len,
+            0,
+        );
+        self.ring.tx_meta.copy_within(start..self.ring.tx_count, 0);
+        self.ring.tx_count -= start;
+        if self.ring.tx_count > 0 {
             Err(NicError::Busy)
         } else {
             Ok(())
@@ -314,14 +328,14 @@ impl UdpNic {
         let mut run_count = 0;
         let mut closed = true;
         let mut total = 0;
-        for index in start..self.tx_count {
-            let Some(queued) = self.tx_meta[index] else {
+        for index in start..self.ring.tx_count {
+            let Some(queued) = self.ring.tx_meta[index] else {
                 continue;
             };
             if run_count > 0 && !closed {
                 let (first, count, size) = &mut runs[run_count - 1];
-                let same_peer = self.tx_meta[*first].is_some_and(|q| q.to == queued.to);
-                if self.gso
+                let same_peer = self.ring.tx_meta[*first].is_some_and(|q| q.to == queued.to);
+                if self.ring.gso
                     && same_peer
                     && queued.len <= *size
                     && *count < MAX_GSO_SEGMENTS
@@ -355,8 +369,8 @@ impl UdpNic {
         }
         match sys::send_to_vectored(self.socket.as_fd(), &to, &slices[..1 + payload.len()]) {
             Ok(_) => {
-                self.stats.send_calls += 1;
-                self.stats.datagrams_out += 1;
+                self.ring.stats.send_calls += 1;
+                self.ring.stats.datagrams_out += 1;
                 Ok(())
             }
             Err(error) if is_transient(&error) => Err(NicError::Busy),
@@ -394,37 +408,37 @@ impl DatagramNic for UdpNic {
         f: impl FnOnce(&[u8], SocketAddr) -> R,
     ) -> Result<Option<R>, NicError> {
         loop {
-            if self.rx_next == self.rx_count {
-                self.rx_next = 0;
-                self.rx_count = 0;
-                if std::mem::take(&mut self.rx_drained) {
+            if self.ring.rx_next == self.ring.rx_count {
+                self.ring.rx_next = 0;
+                self.ring.rx_count = 0;
+                if std::mem::take(&mut self.ring.rx_drained) {
                     // A burst ends here; the caller's next turn (or its
                     // level-triggered poll) reads the socket again.
                     return Ok(None);
                 }
                 let got = sys::receive_batch(
                     self.socket.as_fd(),
-                    &mut self.rx,
-                    self.slot_len,
-                    &mut self.rx_meta,
+                    &mut self.ring.rx,
+                    self.ring.slot_len,
+                    &mut self.ring.rx_meta,
                 )
                 .map_err(|error| os_error(&error))?;
                 if got == 0 {
                     return Ok(None);
                 }
-                self.rx_count = got;
-                self.rx_drained = got < BATCH;
-                self.stats.receive_batches += 1;
+                self.ring.rx_count = got;
+                self.ring.rx_drained = got < BATCH;
+                self.ring.stats.receive_batches += 1;
             }
-            let index = self.rx_next;
-            self.rx_next += 1;
-            let meta = self.rx_meta[index];
+            let index = self.ring.rx_next;
+            self.ring.rx_next += 1;
+            let meta = self.ring.rx_meta[index];
             let Some(from) = meta.from.filter(|_| !meta.truncated) else {
-                self.stats.oversized_in += 1;
+                self.ring.stats.oversized_in += 1;
                 continue;
             };
-            self.stats.datagrams_in += 1;
-            let datagram = &self.rx[index * self.slot_len..][..meta.len];
+            self.ring.stats.datagrams_in += 1;
+            let datagram = &self.ring.rx[index * self.ring.slot_len..][..meta.len];
             return Ok(Some(f(datagram, from)));
         }
     }
