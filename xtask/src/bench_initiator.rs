@@ -405,12 +405,35 @@ pub fn run(args: BenchInitiatorArgs) -> Result<()> {
                 }
             );
         }
+        // Columns 0 and 1: the UDP link and the frame link, same target.
+        if let (Some((_, udp)), Some((_, frame))) = (columns.first(), columns.get(1)) {
+            let (udp, frame) = (udp[index], frame[index]);
+            if frame.iops > 0.0 {
+                println!(
+                    "  {:<32} x{:.2} IOPS (goal: at least x1.00)",
+                    "UDP link / frame link",
+                    udp.iops / frame.iops
+                );
+            }
+        }
     }
     println!("raw UDP loopback, same run:");
     println!(
         "  4 KiB ping-pong                  {round_trips:>9.0} round trips/s  p50 {rtt_p50:.1} us  p99 {rtt_p99:.1} us"
     );
     println!("  1,052-byte datagram stream       {stream_mb_s:>9.1} MB/s one way");
+    if let (Some((_, udp)), Some(qd1)) = (
+        columns.first(),
+        WORKLOADS.iter().position(|w| w.qd == 1 && w.bs == "4k"),
+    ) {
+        if rtt_p50 > 0.0 {
+            println!(
+                "  4k QD1 over the UDP link: p50 {:.1} us = x{:.1} the ping-pong's p50 (goal: at most x2)",
+                udp[qd1].p50_us,
+                udp[qd1].p50_us / rtt_p50
+            );
+        }
+    }
     if std::env::var_os("BRICK_KEEP_SCRATCH").is_none() {
         let _ = std::fs::remove_dir_all(&dir);
     }
