@@ -202,7 +202,6 @@ fn udp_ceiling(seconds: u32) -> Result<(f64, f64, f64, f64)> {
         let mut buffer = vec![0u8; 65536];
         while !echo_stop.load(std::sync::atomic::Ordering::Relaxed) {
             match echo.recv_from(&mut buffer) {
-                Ok((1, _)) => break,
                 Ok((len, from)) => {
                     let _ = echo.send_to(&buffer[..len], from);
                 }
@@ -238,8 +237,9 @@ fn udp_ceiling(seconds: u32) -> Result<(f64, f64, f64, f64)> {
         }
     }
     let round_trips = latencies.len() as f64 / start.elapsed().as_secs_f64();
+    // The flag, not a sentinel datagram: one the echo missed would end the
+    // stream count below at once.
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    a.send_to(&[0], b_addr)?;
     let _ = echo_thread.join();
     if lost > 0 {
         println!("  (raw ping-pong: {lost} datagrams lost, each waited 500 ms)");
