@@ -77,13 +77,14 @@ struct Bench {
     wire: Wire,
 }
 
-/// Binds 127.0.0.1 and 127.0.0.2 on one free port.
+/// Binds 127.0.0.1 and 127.0.0.2 on one free port, with a jumbo IP MTU
+/// (a UdpNic drops datagrams over its MTU; path MTU 4096 needs 9000).
 fn udp_pair() -> (UdpNic, UdpNic) {
     for _ in 0..20 {
         let a = UdpNic::bind("127.0.0.1:0".parse().unwrap()).unwrap();
         let port = a.local_addr().port();
         if let Ok(b) = UdpNic::bind(SocketAddr::from(([127, 0, 0, 2], port))) {
-            return (a, b);
+            return (a.with_mtu(9000), b.with_mtu(9000));
         }
     }
     panic!("no port free on both 127.0.0.1 and 127.0.0.2");

@@ -38,6 +38,10 @@ pub struct BenchInitiatorArgs {
     /// Skip the VM columns (Linux rnbd_server, Brick behind the relay).
     #[arg(long)]
     no_vm: bool,
+    /// Run `DIR/brick-target` and `DIR/brick` instead of building them
+    /// (to compare two builds under the same machine load).
+    #[arg(long, value_name = "DIR")]
+    bins: Option<std::path::PathBuf>,
 }
 
 /// One `brick bench` workload.
@@ -187,31 +191,61 @@ fn udp_ceiling(seconds: u32) -> Result<(f64, f64, f64, f64)> {
     let b = UdpSocket::bind("127.0.0.2:0")?;
     let (a_addr, b_addr) = (a.local_addr()?, b.local_addr()?);
     let duration = Duration::from_secs(u64::from(seconds).max(1));
-    // Ping-pong: b echoes, a measures.
+    // Ping-pong: b echoes, a measures. A lost datagram (a loaded machine
+    // drops them on loopback too) costs a's read timeout, not a hang; the
+    // echo stops when told, not when it waits long.
     let echo = b.try_clone()?;
     echo.set_read_timeout(Some(Duration::from_millis(200)))?;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let echo_stop = stop.clone();
     let echo_thread = std::thread::spawn(move || {
         let mut buffer = vec![0u8; 65536];
-        while let Ok((len, from)) = echo.recv_from(&mut buffer) {
-            if len == 1 {
-                break;
+        while !echo_stop.load(std::sync::atomic::Ordering::Relaxed) {
+            match echo.recv_from(&mut buffer) {
+                Ok((len, from)) => {
+                    let _ = echo.send_to(&buffer[..len], from);
+                }
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) => {}
+                Err(_) => break,
             }
-            let _ = echo.send_to(&buffer[..len], from);
         }
     });
+    a.set_read_timeout(Some(Duration::from_millis(500)))?;
     let payload = vec![0x5a; 4096];
     let mut reply = vec![0u8; 65536];
     let mut latencies = Vec::with_capacity(1 << 20);
+    let mut lost = 0u64;
     let start = Instant::now();
     while start.elapsed() < duration {
         let sent = Instant::now();
         a.send_to(&payload, b_addr)?;
-        a.recv_from(&mut reply)?;
-        latencies.push(sent.elapsed().as_nanos() as f64 / 1e3);
+        match a.recv_from(&mut reply) {
+            Ok(_) => latencies.push(sent.elapsed().as_nanos() as f64 / 1e3),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                lost += 1;
+            }
+            Err(e) => return Err(e.into()),
+        }
     }
     let round_trips = latencies.len() as f64 / start.elapsed().as_secs_f64();
-    a.send_to(&[0], b_addr)?;
+    // The flag, not a sentinel datagram: one the echo missed would end the
+    // stream count below at once.
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let _ = echo_thread.join();
+    if lost > 0 {
+        println!("  (raw ping-pong: {lost} datagrams lost, each waited 500 ms)");
+    }
+    a.set_read_timeout(None)?;
+    anyhow::ensure!(!latencies.is_empty(), "raw UDP ping-pong: no reply at all");
     latencies.sort_by(f64::total_cmp);
     let percentile = |p: f64| latencies[((latencies.len() as f64 - 1.0) * p) as usize];
     let (p50, p99) = (percentile(0.5), percentile(0.99));
@@ -252,7 +286,10 @@ fn udp_ceiling(seconds: u32) -> Result<(f64, f64, f64, f64)> {
 }
 
 pub fn run(args: BenchInitiatorArgs) -> Result<()> {
-    let (target_binary, cli) = crate::util::build_target_and_cli()?;
+    let (target_binary, cli) = match &args.bins {
+        Some(dir) => (dir.join("brick-target"), dir.join("brick")),
+        None => crate::util::build_target_and_cli()?,
+    };
     let dir = crate::paths::scratch("bench-initiator");
     let repo = crate::paths::repo();
     let mut columns: Vec<(&'static str, Vec<Sample>)> = Vec::new();
@@ -398,12 +435,35 @@ pub fn run(args: BenchInitiatorArgs) -> Result<()> {
                 }
             );
         }
+        // Columns 0 and 1: the UDP link and the frame link, same target.
+        if let (Some((_, udp)), Some((_, frame))) = (columns.first(), columns.get(1)) {
+            let (udp, frame) = (udp[index], frame[index]);
+            if frame.iops > 0.0 {
+                println!(
+                    "  {:<32} x{:.2} IOPS (goal: at least x1.00)",
+                    "UDP link / frame link",
+                    udp.iops / frame.iops
+                );
+            }
+        }
     }
     println!("raw UDP loopback, same run:");
     println!(
         "  4 KiB ping-pong                  {round_trips:>9.0} round trips/s  p50 {rtt_p50:.1} us  p99 {rtt_p99:.1} us"
     );
     println!("  1,052-byte datagram stream       {stream_mb_s:>9.1} MB/s one way");
+    if let (Some((_, udp)), Some(qd1)) = (
+        columns.first(),
+        WORKLOADS.iter().position(|w| w.qd == 1 && w.bs == "4k"),
+    ) {
+        if rtt_p50 > 0.0 {
+            println!(
+                "  4k QD1 over the UDP link: p50 {:.1} us = x{:.1} the ping-pong's p50 (goal: at most x2)",
+                udp[qd1].p50_us,
+                udp[qd1].p50_us / rtt_p50
+            );
+        }
+    }
     if std::env::var_os("BRICK_KEEP_SCRATCH").is_none() {
         let _ = std::fs::remove_dir_all(&dir);
     }

@@ -3,9 +3,11 @@
 //!
 //! Both hosted loops (`brick-target` and Brick's userspace initiator) use
 //! these, so a frame link and a UDP link behave the same in both: what
-//! arrives is a [`Packet`], a frame link that would block keeps its output
-//! pending until [`Link::flush`], and a transmit error is a drop (RoCE's
-//! transport and the CM retransmit).
+//! arrives is a [`Packet`], output waits in the link until [`Link::flush`]
+//! when [`Link::has_pending_output`] says so (a frame link's bytes the
+//! socket would not take; a UDP link's queued datagrams, sent with one
+//! sendmmsg per flush), and a transmit error is a drop (RoCE's transport
+//! and the CM retransmit).
 
 use std::net::{SocketAddr, SocketAddrV4};
 use std::os::fd::RawFd;
@@ -43,15 +45,24 @@ impl Link {
         }
     }
 
-    /// Whether output waits for the descriptor to become writable.
+    /// Whether output waits for [`Link::flush`] (and, if still there
+    /// after it, for the descriptor to become writable).
     pub fn has_pending_output(&self) -> bool {
-        matches!(self, Self::Frame(link) if link.has_pending_output())
+        match self {
+            Self::Frame(link) => link.has_pending_output(),
+            Self::Udp(nic) => nic.has_queued(),
+        }
     }
 
     /// Writes pending output, as far as the socket takes it.
     pub fn flush(&mut self) {
-        if let Self::Frame(link) = self {
-            let _ = link.flush();
+        match self {
+            Self::Frame(link) => {
+                let _ = link.flush();
+            }
+            Self::Udp(nic) => {
+                let _ = nic.flush();
+            }
         }
     }
 
@@ -86,8 +97,10 @@ impl Link {
         }
     }
 
-    /// Sends one datagram to `to`, as [`Link::transmit`] sends a frame.
-    /// Dropped on a frame link.
+    /// Queues one datagram to `to` (header, payload pieces and trailer
+    /// copied into the UDP link's TX queue) until [`Link::flush`], which
+    /// sends the queue with one system call. Dropped on a frame link, or
+    /// as [`Link::transmit`] drops.
     pub fn transmit_datagram(
         &mut self,
         to: SocketAddrV4,
@@ -97,7 +110,7 @@ impl Link {
     ) {
         let mut pieces: [&[u8]; MAX_PIECES] = [&[]; MAX_PIECES];
         if let (Self::Udp(nic), Some(count)) = (self, gather(payload, trailer, &mut pieces)) {
-            let _ = DatagramNic::transmit(nic, SocketAddr::V4(to), header, &pieces[..count]);
+            let _ = nic.queue(SocketAddr::V4(to), header, &pieces[..count]);
         }
     }
 }

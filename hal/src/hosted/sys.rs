@@ -1,5 +1,6 @@
-//! The hosted system calls std lacks: ppoll(2), vectored sendto, fallocate(2)
-//! and the block-device ioctls.
+//! The hosted system calls std lacks: ppoll(2), vectored sendto, batched
+//! recvmmsg(2)/sendmmsg(2) with UDP segmentation offload, fallocate(2) and
+//! the block-device ioctls.
 //!
 //! The only `unsafe` of the crate. Each wrapper borrows everything the
 //! kernel reads or writes for the duration of the call and returns
@@ -7,7 +8,7 @@
 
 use std::io::{self, IoSlice};
 use std::mem::size_of;
-use std::net::SocketAddr;
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::os::fd::{AsRawFd, BorrowedFd};
 use std::ptr;
 use std::time::Duration;
@@ -66,6 +67,43 @@ impl RawSocketAddr {
         }
     }
 
+    /// Room for the sender's address of a received datagram.
+    fn blank() -> Self {
+        Self::V6(libc::sockaddr_in6 {
+            sin6_family: 0,
+            sin6_port: 0,
+            sin6_flowinfo: 0,
+            sin6_addr: libc::in6_addr { s6_addr: [0; 16] },
+            sin6_scope_id: 0,
+        })
+    }
+
+    /// The address the kernel wrote into a [`RawSocketAddr::blank`];
+    /// `None` for a family other than IPv4 and IPv6.
+    fn to_socket_addr(&self) -> Option<SocketAddr> {
+        let Self::V6(raw) = self else {
+            return None;
+        };
+        match libc::c_int::from(raw.sin6_family) {
+            libc::AF_INET6 => Some(SocketAddr::V6(SocketAddrV6::new(
+                Ipv6Addr::from(raw.sin6_addr.s6_addr),
+                u16::from_be(raw.sin6_port),
+                u32::from_be(raw.sin6_flowinfo),
+                raw.sin6_scope_id,
+            ))),
+            libc::AF_INET => {
+                // sockaddr_in is a prefix of the sockaddr_in6 storage:
+                // family, port, then the 4-byte address where sin6_flowinfo is.
+                let addr = raw.sin6_flowinfo.to_ne_bytes();
+                Some(SocketAddr::V4(SocketAddrV4::new(
+                    Ipv4Addr::from(addr),
+                    u16::from_be(raw.sin6_port),
+                )))
+            }
+            _ => None,
+        }
+    }
+
     /// Pointer and length for `msg_name` / `msg_namelen`.
     fn as_name(&mut self) -> (*mut libc::c_void, libc::socklen_t) {
         match self {
@@ -106,6 +144,174 @@ pub(crate) fn send_to_vectored(
     // memory is borrowed), all alive until the call returns; `socket` is an
     // open descriptor borrowed for the call.
     let sent = unsafe { libc::sendmsg(socket.as_raw_fd(), ptr::from_ref(&message), 0) };
+    usize::try_from(sent).map_err(|_| io::Error::last_os_error())
+}
+
+/// Most datagrams one [`receive_batch`] or [`send_batch`] call moves.
+pub(crate) const MAX_BATCH: usize = 64;
+/// Most segments the kernel cuts one UDP GSO send into (`UDP_MAX_SEGMENTS`).
+pub(crate) const MAX_GSO_SEGMENTS: usize = 64;
+
+/// One datagram [`receive_batch`] took: its length (in its slot), sender,
+/// and whether it was longer than the slot (then its tail is lost).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Received {
+    pub(crate) len: usize,
+    pub(crate) from: Option<SocketAddr>,
+    pub(crate) truncated: bool,
+}
+
+/// recvmmsg(2) without blocking: up to `out.len()` (at most [`MAX_BATCH`])
+/// datagrams, the `i`-th into `buffer[i * slot_len..][..slot_len]`, its
+/// length and sender into `out[i]`. Returns how many arrived (0 when none
+/// was waiting).
+pub(crate) fn receive_batch(
+    socket: BorrowedFd<'_>,
+    buffer: &mut [u8],
+    slot_len: usize,
+    out: &mut [Received],
+) -> io::Result<usize> {
+    if slot_len == 0 {
+        return Err(io::Error::from(io::ErrorKind::InvalidInput));
+    }
+    let empty_iovec = libc::iovec {
+        iov_base: ptr::null_mut(),
+        iov_len: 0,
+    };
+    let mut iovecs = [empty_iovec; MAX_BATCH];
+    let mut names: [RawSocketAddr; MAX_BATCH] = std::array::from_fn(|_| RawSocketAddr::blank());
+    // SAFETY: mmsghdr is plain old data (pointers and integers); all-zero
+    // is a valid (empty) value, overwritten below for the entries used.
+    let mut messages: [libc::mmsghdr; MAX_BATCH] = unsafe { std::mem::zeroed() };
+    let mut count = 0;
+    for ((slot, iovec), (name, message)) in buffer
+        .chunks_exact_mut(slot_len)
+        .zip(iovecs.iter_mut())
+        .zip(names.iter_mut().zip(messages.iter_mut()))
+        .take(out.len())
+    {
+        *iovec = libc::iovec {
+            iov_base: slot.as_mut_ptr().cast(),
+            iov_len: slot.len(),
+        };
+        let (msg_name, msg_namelen) = name.as_name();
+        message.msg_hdr.msg_name = msg_name;
+        message.msg_hdr.msg_namelen = msg_namelen;
+        message.msg_hdr.msg_iov = ptr::from_mut(iovec);
+        message.msg_hdr.msg_iovlen = 1;
+        count += 1;
+    }
+    let vlen = libc::c_uint::try_from(count).unwrap_or(0);
+    // SAFETY: the first `vlen` entries of `messages` each point to one
+    // iovec covering a disjoint slot of the exclusively borrowed `buffer`
+    // and to a sockaddr buffer of `msg_namelen` bytes in `names`; all live
+    // on this frame or in borrowed memory until the call returns. A null
+    // timeout with MSG_DONTWAIT returns at once; `socket` is open.
+    let got = unsafe {
+        libc::recvmmsg(
+            socket.as_raw_fd(),
+            messages.as_mut_ptr(),
+            vlen,
+            libc::MSG_DONTWAIT,
+            ptr::null_mut(),
+        )
+    };
+    let Ok(got) = usize::try_from(got) else {
+        let error = io::Error::last_os_error();
+        return match error.kind() {
+            io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => Ok(0),
+            _ => Err(error),
+        };
+    };
+    for ((slot, message), name) in out.iter_mut().zip(&messages).zip(&names).take(got) {
+        *slot = Received {
+            len: usize::try_from(message.msg_len).unwrap_or(0).min(slot_len),
+            from: name.to_socket_addr(),
+            truncated: message.msg_hdr.msg_flags & libc::MSG_TRUNC != 0,
+        };
+    }
+    Ok(got)
+}
+
+/// One datagram (or one run of equal-sized datagrams) for [`send_batch`].
+pub(crate) struct Outgoing<'a> {
+    /// Where it goes.
+    pub(crate) to: SocketAddr,
+    /// The bytes, concatenated by the kernel.
+    pub(crate) buffers: &'a [IoSlice<'a>],
+    /// `Some(size)`: the kernel cuts the bytes into datagrams of `size`
+    /// (the last may be shorter) — UDP segmentation offload
+    /// (`UDP_SEGMENT`), one pass down the stack for all of them.
+    pub(crate) segment: Option<u16>,
+}
+
+/// The control message of one UDP GSO send: `cmsghdr` then the `u16`
+/// segment size, padded to `CMSG_SPACE(2)`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct SegmentControl {
+    header: libc::cmsghdr,
+    size: u16,
+    pad: [u8; 6],
+}
+
+/// sendmmsg(2) of `messages` (at most [`MAX_BATCH`]) without blocking.
+/// Returns how many were sent, in order; a send that would block is
+/// `WouldBlock` only when none was sent.
+pub(crate) fn send_batch(socket: BorrowedFd<'_>, messages: &[Outgoing<'_>]) -> io::Result<usize> {
+    let count = messages.len().min(MAX_BATCH);
+    let mut names: [RawSocketAddr; MAX_BATCH] = std::array::from_fn(|_| RawSocketAddr::blank());
+    // SAFETY: cmsghdr is plain old data; all-zero is a valid value,
+    // overwritten below where used.
+    let zero_header: libc::cmsghdr = unsafe { std::mem::zeroed() };
+    let mut controls = [SegmentControl {
+        header: zero_header,
+        size: 0,
+        pad: [0; 6],
+    }; MAX_BATCH];
+    // SAFETY: as in `receive_batch`: all-zero mmsghdr entries are empty.
+    let mut headers: [libc::mmsghdr; MAX_BATCH] = unsafe { std::mem::zeroed() };
+    for (((message, name), control), header) in messages
+        .iter()
+        .zip(names.iter_mut())
+        .zip(controls.iter_mut())
+        .zip(headers.iter_mut())
+        .take(count)
+    {
+        *name = RawSocketAddr::new(&message.to);
+        let (msg_name, msg_namelen) = name.as_name();
+        let hdr = &mut header.msg_hdr;
+        hdr.msg_name = msg_name;
+        hdr.msg_namelen = msg_namelen;
+        // std documents IoSlice as ABI-compatible with iovec on Unix;
+        // sendmmsg only reads through this pointer.
+        hdr.msg_iov = message.buffers.as_ptr().cast::<libc::iovec>().cast_mut();
+        hdr.msg_iovlen = message.buffers.len();
+        if let Some(size) = message.segment {
+            control.header.cmsg_len = size_of::<libc::cmsghdr>() + size_of::<u16>();
+            control.header.cmsg_level = libc::SOL_UDP;
+            control.header.cmsg_type = libc::UDP_SEGMENT;
+            control.size = size;
+            hdr.msg_control = ptr::from_mut(control).cast();
+            hdr.msg_controllen = size_of::<SegmentControl>();
+        }
+    }
+    let vlen = libc::c_uint::try_from(count).unwrap_or(0);
+    // SAFETY: the first `vlen` entries of `headers` point to sockaddrs of
+    // `msg_namelen` bytes in `names`, to the borrowed IoSlices of their
+    // message (iovec-compatible, their memory borrowed) and, for a GSO
+    // send, to one `SegmentControl` of `msg_controllen` bytes (a cmsghdr
+    // with its u16 at CMSG_DATA: the header is 16 bytes, 8-aligned) in
+    // `controls`; all alive until the call returns; the kernel writes only
+    // `msg_len`. `socket` is an open descriptor borrowed for the call.
+    let sent = unsafe {
+        libc::sendmmsg(
+            socket.as_raw_fd(),
+            headers.as_mut_ptr(),
+            vlen,
+            libc::MSG_DONTWAIT,
+        )
+    };
     usize::try_from(sent).map_err(|_| io::Error::last_os_error())
 }
 

@@ -12,14 +12,34 @@
 //! recomputed exactly and a Linux rxe peer's cannot be matched. The mode is
 //! for Brick-to-Brick links (initiator and target on one host, say
 //! 127.0.0.1 and 127.0.0.2), whose ends agree on a canonical IP header in
-//! the ICRC. Transmit uses sendmsg(2) with one iovec per slice, so payloads
-//! are not copied in user space.
+//! the ICRC.
+//!
+//! Batching, so a burst costs one system call, not one per packet:
+//!
+//! * Receive takes up to [`BATCH`] datagrams with one recvmmsg(2) into a
+//!   ring of slots allocated at bind time and hands them out one per
+//!   [`DatagramNic::receive`]; the socket is read again when the ring is
+//!   empty. A batch that did not fill the ring drained the socket: the
+//!   call after its last datagram answers "nothing" without a system call
+//!   (the end of the burst), and the one after that reads again. A slot holds one IP-MTU datagram, as a NIC's RX buffer holds
+//!   one MTU frame: a longer datagram is dropped and counted
+//!   ([`UdpStats::oversized_in`]).
+//! * [`UdpNic::queue`] copies a datagram into a TX slot (the engine's
+//!   slices are borrowed for the call only); [`UdpNic::flush`] sends every
+//!   queued datagram with one sendmmsg(2). Runs of datagrams to one peer
+//!   whose sizes are equal (the middle packets of an RDMA WRITE or READ
+//!   response), the last possibly shorter, go as one UDP GSO send
+//!   (`UDP_SEGMENT`): one pass down the kernel's stack for the run. A
+//!   kernel or device that refuses GSO turns it off for the socket.
+//! * [`DatagramNic::transmit`] sends at once with sendmsg(2), one iovec
+//!   per slice (no copy), after the queue.
 
 use std::io::{self, IoSlice};
 use std::net::{SocketAddr, UdpSocket};
 use std::os::fd::{AsFd, AsRawFd, RawFd};
 
-use super::{os_error, sys};
+use super::os_error;
+use super::sys::{self, Outgoing, Received, MAX_BATCH, MAX_GSO_SEGMENTS};
 use crate::{DatagramNic, NicError};
 
 /// The RoCEv2 UDP destination port.
@@ -32,13 +52,94 @@ const MAX_IOVECS: usize = 16;
 /// 128 KiB IOs (4 MiB) must not overflow the receive buffer, or the
 /// transport's retransmission timer, not the link, sets the pace.
 pub const SOCKET_BUFFER_BYTES: usize = 8 << 20;
+/// Datagrams per receive batch, and queued for one flush.
+pub const BATCH: usize = MAX_BATCH;
+/// Default IP MTU.
+const DEFAULT_MTU: usize = 1500;
+/// Smallest slot: a 576-byte IP MTU's datagram, rounded up.
+const MIN_SLOT_LEN: usize = 576;
+
+/// What the NIC did, for tests and statistics.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UdpStats {
+    /// Datagrams received and handed out.
+    pub datagrams_in: u64,
+    /// recvmmsg calls that returned datagrams.
+    pub receive_batches: u64,
+    /// Datagrams dropped on receive: longer than a slot (the MTU).
+    pub oversized_in: u64,
+    /// Datagrams the kernel took.
+    pub datagrams_out: u64,
+    /// sendmmsg / sendmsg calls that sent something.
+    pub send_calls: u64,
+    /// Runs of datagrams sent as one GSO send.
+    pub gso_runs: u64,
+    /// Datagrams dropped on transmit: refused by the socket, or the queue
+    /// full while the socket would block.
+    pub dropped_out: u64,
+}
+
+/// A queued datagram: where to, and its length in its slot.
+#[derive(Clone, Copy, Debug)]
+struct Queued {
+    to: SocketAddr,
+    len: usize,
+}
 
 /// A UDP socket carrying RoCEv2 payloads; see the module docs.
 pub struct UdpNic {
     socket: UdpSocket,
     local: SocketAddr,
     mtu: usize,
+    /// The slots and their state, boxed so that a link stays small.
+    ring: Box<Ring>,
+}
+
+/// The receive and transmit slots of a [`UdpNic`].
+struct Ring {
+    /// Bytes per RX and TX slot: the largest datagram of the MTU.
+    slot_len: usize,
+    /// [`BATCH`] receive slots.
     rx: Box<[u8]>,
+    rx_meta: Box<[Received]>,
+    /// The next slot to hand out, and how many the last batch filled.
+    rx_next: usize,
+    rx_count: usize,
+    /// The last batch did not fill the ring: the socket was empty then,
+    /// so the next empty-ring call answers "nothing" without reading.
+    rx_drained: bool,
+    /// [`BATCH`] transmit slots; the first `tx_count` are queued.
+    tx: Box<[u8]>,
+    tx_meta: Box<[Option<Queued>]>,
+    tx_count: usize,
+    /// UDP GSO is used (until the kernel refuses it).
+    gso: bool,
+    stats: UdpStats,
+}
+
+impl Ring {
+    fn new(slot_len: usize) -> Self {
+        Self {
+            slot_len,
+            rx: vec![0; BATCH * slot_len].into_boxed_slice(),
+            rx_meta: vec![Received::default(); BATCH].into_boxed_slice(),
+            rx_next: 0,
+            rx_count: 0,
+            rx_drained: false,
+            tx: vec![0; BATCH * slot_len].into_boxed_slice(),
+            tx_meta: vec![None; BATCH].into_boxed_slice(),
+            tx_count: 0,
+            gso: true,
+            stats: UdpStats::default(),
+        }
+    }
+}
+
+/// The slot length for an IP MTU: the datagram it allows, rounded up to
+/// a cache line.
+fn slot_len_for(mtu: usize) -> usize {
+    mtu.clamp(MIN_SLOT_LEN, MAX_DATAGRAM_LEN)
+        .next_multiple_of(64)
 }
 
 impl UdpNic {
@@ -59,14 +160,22 @@ impl UdpNic {
         Ok(Self {
             socket,
             local,
-            mtu: 1500,
-            rx: vec![0; MAX_DATAGRAM_LEN + 1].into_boxed_slice(),
+            mtu: DEFAULT_MTU,
+            ring: Box::new(Ring::new(slot_len_for(DEFAULT_MTU))),
         })
     }
 
-    /// Sets the IP MTU reported by [`DatagramNic::mtu`].
+    /// Sets the IP MTU reported by [`DatagramNic::mtu`]; the slots grow or
+    /// shrink to its datagram (call before traffic: what is buffered is
+    /// dropped).
     pub fn with_mtu(mut self, mtu: usize) -> Self {
         self.mtu = mtu;
+        let slot_len = slot_len_for(mtu);
+        if slot_len != self.ring.slot_len {
+            let gso = self.ring.gso;
+            self.ring = Box::new(Ring::new(slot_len));
+            self.ring.gso = gso;
+        }
         self
     }
 
@@ -84,6 +193,205 @@ impl UdpNic {
     pub fn raw_fd(&self) -> RawFd {
         self.socket.as_raw_fd()
     }
+
+    /// What the NIC did so far.
+    pub fn stats(&self) -> UdpStats {
+        self.ring.stats
+    }
+
+    /// Turns UDP GSO off (on by default), e.g. to measure what it saves.
+    pub fn without_gso(mut self) -> Self {
+        self.ring.gso = false;
+        self
+    }
+
+    /// Whether queued datagrams wait for [`UdpNic::flush`].
+    pub fn has_queued(&self) -> bool {
+        self.ring.tx_count > 0
+    }
+
+    /// Queues one datagram to `to`: `header` then the `payload` slices,
+    /// copied into a TX slot. A full queue is flushed first. A datagram
+    /// longer than a slot is sent at once, after the queue.
+    ///
+    /// # Errors
+    ///
+    /// `FrameTooLong` (over [`MAX_IOVECS`] slices or the UDP maximum),
+    /// `Busy` (the queue full and the socket would block), and a sendmsg
+    /// error of a datagram sent at once.
+    pub fn queue(
+        &mut self,
+        to: SocketAddr,
+        header: &[u8],
+        payload: &[&[u8]],
+    ) -> Result<(), NicError> {
+        let len = datagram_len(header, payload)?;
+        if len > self.ring.slot_len {
+            self.flush()?;
+            return self.send_now(to, header, payload);
+        }
+        if self.ring.tx_count == BATCH {
+            // Flushed as far as the socket takes it; still full: drop.
+            let _ = self.flush();
+            if self.ring.tx_count == BATCH {
+                self.ring.stats.dropped_out += 1;
+                return Err(NicError::Busy);
+            }
+        }
+        let slot = &mut self.ring.tx[self.ring.tx_count * self.ring.slot_len..][..len];
+        let mut at = 0;
+        for piece in [header].into_iter().chain(payload.iter().copied()) {
+            slot[at..at + piece.len()].copy_from_slice(piece);
+            at += piece.len();
+        }
+        self.ring.tx_meta[self.ring.tx_count] = Some(Queued { to, len });
+        self.ring.tx_count += 1;
+        Ok(())
+    }
+
+    /// Sends every queued datagram, as few system calls as the socket
+    /// allows (one sendmmsg for the whole queue, GSO runs inside it).
+    /// Datagrams the socket refuses are dropped and counted; those it
+    /// would block on stay queued.
+    ///
+    /// # Errors
+    ///
+    /// `Busy` when the socket would block with datagrams still queued.
+    pub fn flush(&mut self) -> Result<(), NicError> {
+        let mut start = 0;
+        while start < self.ring.tx_count {
+            let mut runs = [(0usize, 0usize, 0usize); BATCH];
+            let run_count = self.plan_runs(start, &mut runs);
+            if run_count == 0 {
+                break;
+            }
+            let iovecs: [IoSlice<'_>; BATCH] = std::array::from_fn(|index| {
+                let len = self
+                    .ring
+                    .tx_meta
+                    .get(start + index)
+                    .copied()
+                    .flatten()
+                    .map_or(0, |queued| queued.len);
+                self.ring
+                    .tx
+                    .get((start + index) * self.ring.slot_len..)
+                    .map_or(IoSlice::new(&[]), |slot| IoSlice::new(&slot[..len]))
+            });
+            let outgoing: [Outgoing<'_>; BATCH] = std::array::from_fn(|index| {
+                let (first, count, segment) = runs[index.min(run_count.saturating_sub(1))];
+                Outgoing {
+                    to: self.ring.tx_meta[first].map_or(self.local, |queued| queued.to),
+                    buffers: &iovecs[first - start..first - start + count],
+                    segment: (count > 1).then(|| u16::try_from(segment).unwrap_or(u16::MAX)),
+                }
+            });
+            match sys::send_batch(self.socket.as_fd(), &outgoing[..run_count]) {
+                Ok(sent) => {
+                    self.ring.stats.send_calls += 1;
+                    for &(_, count, _) in &runs[..sent.min(run_count)] {
+                        start += count;
+                        self.ring.stats.datagrams_out += count as u64;
+                        self.ring.stats.gso_runs += u64::from(count > 1);
+                    }
+                }
+                Err(error) if is_transient(&error) => break,
+                Err(error) => {
+                    let (_, count, _) = runs[0];
+                    if count > 1 && self.ring.gso && refuses_gso(&error) {
+                        self.ring.gso = false;
+                        continue;
+                    }
+                    // The first message is the one refused: drop it.
+                    start += count;
+                    self.ring.stats.dropped_out += count as u64;
+                }
+            }
+        }
+        self.ring.tx.copy_within(
+            start * self.ring.slot_len..self.ring.tx_count * self.ring.slot_len,
+            0,
+        );
+        self.ring.tx_meta.copy_within(start..self.ring.tx_count, 0);
+        self.ring.tx_count -= start;
+        if self.ring.tx_count > 0 {
+            Err(NicError::Busy)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Splits the queue from `start` into sends: `(first, count, size)`
+    /// per run of `count` datagrams to one peer, all `size` bytes but the
+    /// last (which may be shorter). Returns the number of runs.
+    fn plan_runs(&self, start: usize, runs: &mut [(usize, usize, usize); BATCH]) -> usize {
+        let mut run_count = 0;
+        let mut closed = true;
+        let mut total = 0;
+        for index in start..self.ring.tx_count {
+            let Some(queued) = self.ring.tx_meta[index] else {
+                continue;
+            };
+            if run_count > 0 && !closed {
+                let (first, count, size) = &mut runs[run_count - 1];
+                let same_peer = self.ring.tx_meta[*first].is_some_and(|q| q.to == queued.to);
+                if self.ring.gso
+                    && same_peer
+                    && queued.len <= *size
+                    && *count < MAX_GSO_SEGMENTS
+                    && total + queued.len <= MAX_DATAGRAM_LEN
+                {
+                    *count += 1;
+                    total += queued.len;
+                    closed = queued.len < *size;
+                    continue;
+                }
+            }
+            runs[run_count] = (index, 1, queued.len);
+            run_count += 1;
+            total = queued.len;
+            closed = false;
+        }
+        run_count
+    }
+
+    /// One datagram now, with sendmsg (no copy).
+    fn send_now(
+        &mut self,
+        to: SocketAddr,
+        header: &[u8],
+        payload: &[&[u8]],
+    ) -> Result<(), NicError> {
+        let mut slices = [IoSlice::new(&[]); MAX_IOVECS + 1];
+        slices[0] = IoSlice::new(header);
+        for (slot, piece) in slices[1..].iter_mut().zip(payload) {
+            *slot = IoSlice::new(piece);
+        }
+        match sys::send_to_vectored(self.socket.as_fd(), &to, &slices[..1 + payload.len()]) {
+            Ok(_) => {
+                self.ring.stats.send_calls += 1;
+                self.ring.stats.datagrams_out += 1;
+                Ok(())
+            }
+            Err(error) if is_transient(&error) => Err(NicError::Busy),
+            Err(error) if error.raw_os_error() == Some(libc::EMSGSIZE) => {
+                Err(NicError::FrameTooLong)
+            }
+            Err(error) => Err(os_error(&error)),
+        }
+    }
+}
+
+/// The length of `header` + `payload` as one datagram, or `FrameTooLong`.
+fn datagram_len(header: &[u8], payload: &[&[u8]]) -> Result<usize, NicError> {
+    if payload.len() > MAX_IOVECS {
+        return Err(NicError::FrameTooLong);
+    }
+    let len = header.len() + payload.iter().map(|piece| piece.len()).sum::<usize>();
+    if len > MAX_DATAGRAM_LEN {
+        return Err(NicError::FrameTooLong);
+    }
+    Ok(len)
 }
 
 impl DatagramNic for UdpNic {
@@ -99,10 +407,39 @@ impl DatagramNic for UdpNic {
         &mut self,
         f: impl FnOnce(&[u8], SocketAddr) -> R,
     ) -> Result<Option<R>, NicError> {
-        match self.socket.recv_from(&mut self.rx) {
-            Ok((len, from)) => Ok(Some(f(&self.rx[..len], from))),
-            Err(error) if is_transient(&error) => Ok(None),
-            Err(error) => Err(os_error(&error)),
+        loop {
+            if self.ring.rx_next == self.ring.rx_count {
+                self.ring.rx_next = 0;
+                self.ring.rx_count = 0;
+                if std::mem::take(&mut self.ring.rx_drained) {
+                    // A burst ends here; the caller's next turn (or its
+                    // level-triggered poll) reads the socket again.
+                    return Ok(None);
+                }
+                let got = sys::receive_batch(
+                    self.socket.as_fd(),
+                    &mut self.ring.rx,
+                    self.ring.slot_len,
+                    &mut self.ring.rx_meta,
+                )
+                .map_err(|error| os_error(&error))?;
+                if got == 0 {
+                    return Ok(None);
+                }
+                self.ring.rx_count = got;
+                self.ring.rx_drained = got < BATCH;
+                self.ring.stats.receive_batches += 1;
+            }
+            let index = self.ring.rx_next;
+            self.ring.rx_next += 1;
+            let meta = self.ring.rx_meta[index];
+            let Some(from) = meta.from.filter(|_| !meta.truncated) else {
+                self.ring.stats.oversized_in += 1;
+                continue;
+            };
+            self.ring.stats.datagrams_in += 1;
+            let datagram = &self.ring.rx[index * self.ring.slot_len..][..meta.len];
+            return Ok(Some(f(datagram, from)));
         }
     }
 
@@ -112,26 +449,9 @@ impl DatagramNic for UdpNic {
         header: &[u8],
         payload: &[&[u8]],
     ) -> Result<(), NicError> {
-        if payload.len() > MAX_IOVECS {
-            return Err(NicError::FrameTooLong);
-        }
-        let len = header.len() + payload.iter().map(|piece| piece.len()).sum::<usize>();
-        if len > MAX_DATAGRAM_LEN {
-            return Err(NicError::FrameTooLong);
-        }
-        let mut slices = [IoSlice::new(&[]); MAX_IOVECS + 1];
-        slices[0] = IoSlice::new(header);
-        for (slot, piece) in slices[1..].iter_mut().zip(payload) {
-            *slot = IoSlice::new(piece);
-        }
-        match sys::send_to_vectored(self.socket.as_fd(), &to, &slices[..1 + payload.len()]) {
-            Ok(_) => Ok(()),
-            Err(error) if is_transient(&error) => Err(NicError::Busy),
-            Err(error) if error.raw_os_error() == Some(libc::EMSGSIZE) => {
-                Err(NicError::FrameTooLong)
-            }
-            Err(error) => Err(os_error(&error)),
-        }
+        datagram_len(header, payload)?;
+        self.flush()?;
+        self.send_now(to, header, payload)
     }
 }
 
@@ -139,5 +459,15 @@ fn is_transient(error: &io::Error) -> bool {
     matches!(
         error.kind(),
         io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+    )
+}
+
+/// Whether a send failed because the kernel or device cannot segment
+/// (no checksum offload: `EIO`; a segment over the route MTU or an
+/// unsupported option: `EINVAL`, `ENOPROTOOPT`).
+fn refuses_gso(error: &io::Error) -> bool {
+    matches!(
+        error.raw_os_error(),
+        Some(libc::EIO | libc::EINVAL | libc::ENOPROTOOPT)
     )
 }
