@@ -39,6 +39,7 @@ pub mod hca;
 #[cfg(feature = "std")]
 pub mod pcap;
 pub mod qp;
+pub mod slots;
 pub mod types;
 pub mod udp;
 pub mod wire;
