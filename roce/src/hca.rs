@@ -101,6 +101,7 @@ use crate::qp::{
     CompletionQueue, ConnectQpError, Context, Counters, CqReserveError, FrameSink, Path, Qp,
     QpParams, QpState,
 };
+use crate::slots::SlotSet;
 use crate::types::{Mtu, Pkey, Psn, Qkey, Qpn};
 use crate::udp::{parse_datagram, DatagramFrames, DatagramSink, PSEUDO_MAC};
 use crate::wire::{
@@ -325,6 +326,11 @@ pub struct Hca<S, K, const N: usize = 0, const Q: usize = 0, const C: usize = 0>
     /// Bumped whenever a slot gets a new QP: part of the QP's CQ tag.
     generations: Vec<u32>,
     links: Vec<Link>,
+    /// Slots that hold a QP: what the per-poll walks visit.
+    occupied: SlotSet,
+    /// Slots whose link may be [`Link::Resolving`] (dropped once found
+    /// otherwise): what [`Hca::resolve_pending`] visits.
+    resolving: SlotSet,
     cq: CompletionQueue,
     counters: Counters,
     control: ControlCounters,
@@ -418,6 +424,8 @@ where
             free_slots: (0..qps).rev().collect(),
             generations: alloc::vec![0; qps],
             links,
+            occupied: SlotSet::with_capacity(qps),
+            resolving: SlotSet::with_capacity(qps),
             cq: CompletionQueue::with_capacity(capacity.cq_entries),
             counters: Counters::default(),
             control: ControlCounters::default(),
@@ -589,6 +597,7 @@ where
         qp.init();
         self.qps[slot] = Some(qp);
         self.links[slot] = link;
+        self.occupied.insert(slot);
         Ok((ConnId(qpn), slot))
     }
 
@@ -598,9 +607,11 @@ where
     /// consumed).
     fn free_slot(&mut self, slot: usize) {
         self.links[slot] = Link::Manual;
+        self.resolving.remove(slot);
         let Some(mut qp) = self.qps[slot].take() else {
             return;
         };
+        self.occupied.remove(slot);
         qp.release(&mut self.arena);
         let held = qp.completions_held();
         self.cq
@@ -672,10 +683,12 @@ where
             .then_some(slot)
     }
 
-    /// The slot whose link names CM connection `cm` (control path: one scan).
+    /// The slot whose link names CM connection `cm` (control path: one
+    /// scan of the QPs that exist).
     fn slot_of_cm(&self, cm: ConnId) -> Option<usize> {
-        (0..self.capacity.qps)
-            .find(|&slot| self.qps[slot].is_some() && self.links[slot].cm() == Some(cm))
+        self.occupied
+            .iter()
+            .find(|&slot| self.links[slot].cm() == Some(cm))
     }
 
     /// Handles one received Ethernet frame: ARP goes to the neighbour table
@@ -1068,8 +1081,11 @@ where
     /// Active connections waiting for ARP: send the REQ once the server's
     /// MAC is known, give up when ARP failed.
     fn resolve_pending(&mut self, now: u64) {
-        for slot in 0..self.capacity.qps {
-            let Link::Resolving(request) = &self.links[slot] else {
+        let mut next = self.resolving.next_from(0);
+        while let Some(slot) = next {
+            next = self.resolving.next_from(slot + 1);
+            let Some(Link::Resolving(request)) = self.links.get(slot) else {
+                self.resolving.remove(slot);
                 continue;
             };
             let request = request.clone();
@@ -1178,14 +1194,24 @@ where
             self.mad_out = self.cm.dispatch();
         }
         self.reap_failed_qps();
-        // Data path.
+        // Data path: the QPs that exist, round robin from `next_poll`
+        // (those at or above it, then those below).
         let start = self.next_poll;
         let qps = self.capacity.qps;
-        for step in 0..qps {
-            if budget == 0 {
-                break;
-            }
-            let slot = (start + step) % qps;
+        let mut next = self.occupied.next_from(start);
+        let mut wrapped = false;
+        while budget > 0 {
+            let slot = match next {
+                Some(slot) if !wrapped || slot < start => slot,
+                Some(_) => break,
+                None if !wrapped && start > 0 => {
+                    wrapped = true;
+                    next = self.occupied.next_from(0);
+                    continue;
+                }
+                None => break,
+            };
+            next = self.occupied.next_from(slot + 1);
             let Some(qp) = self.qps[slot].as_mut() else {
                 continue;
             };
@@ -1231,7 +1257,9 @@ where
     /// NAK for a fatal error): send the DREQ so the peer learns, and surface
     /// `Disconnected` now (its work requests already completed with errors).
     fn reap_failed_qps(&mut self) {
-        for slot in 0..self.capacity.qps {
+        let mut next = self.occupied.next_from(0);
+        while let Some(slot) = next {
+            next = self.occupied.next_from(slot + 1);
             let Link::Connected { cm } = self.links[slot] else {
                 continue;
             };
@@ -1257,9 +1285,9 @@ where
             || self.mad_out.is_some()
             || !self.arp_out.is_empty()
             || self
-                .links
+                .resolving
                 .iter()
-                .any(|link| matches!(link, Link::Resolving(_)));
+                .any(|slot| matches!(self.links[slot], Link::Resolving(_)));
         let control = if control_ready {
             // Resolving connections wait for ARP: its timers wake us.
             if self.cm_dirty || self.mad_out.is_some() || !self.arp_out.is_empty() {
@@ -1270,9 +1298,9 @@ where
         } else {
             None
         };
-        self.qps
+        self.occupied
             .iter()
-            .flatten()
+            .filter_map(|slot| self.qps[slot].as_ref())
             .filter_map(|qp| qp.poll_at(now))
             .chain(control)
             .chain(self.cm.poll_at())
@@ -1421,6 +1449,7 @@ where
             retry_count: params.retry_count.min(7),
             private_data,
         });
+        self.resolving.insert(slot);
         // ARP and the REQ go out from the next `poll`, which has the time.
         self.cm_dirty = true;
         Ok(conn)
