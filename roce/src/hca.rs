@@ -331,6 +331,10 @@ pub struct Hca<S, K, const N: usize = 0, const Q: usize = 0, const C: usize = 0>
     /// Slots whose link may be [`Link::Resolving`] (dropped once found
     /// otherwise): what [`Hca::resolve_pending`] visits.
     resolving: SlotSet,
+    /// Slots whose QP went to `Err` and was not reaped yet (the QP was
+    /// checked after each call that can fail it): what
+    /// [`Hca::reap_failed_qps`] visits.
+    failed: SlotSet,
     cq: CompletionQueue,
     counters: Counters,
     control: ControlCounters,
@@ -426,6 +430,7 @@ where
             links,
             occupied: SlotSet::with_capacity(qps),
             resolving: SlotSet::with_capacity(qps),
+            failed: SlotSet::with_capacity(qps),
             cq: CompletionQueue::with_capacity(capacity.cq_entries),
             counters: Counters::default(),
             control: ControlCounters::default(),
@@ -608,6 +613,7 @@ where
     fn free_slot(&mut self, slot: usize) {
         self.links[slot] = Link::Manual;
         self.resolving.remove(slot);
+        self.failed.remove(slot);
         let Some(mut qp) = self.qps[slot].take() else {
             return;
         };
@@ -625,10 +631,13 @@ where
     /// # Errors
     /// [`QpError::UnknownQp`], [`QpError::Connect`].
     pub fn connect_qp(&mut self, conn: ConnId, params: QpParams) -> Result<(), QpError> {
-        self.qp_mut(conn)
+        let result = self
+            .qp_mut(conn)
             .ok_or(QpError::UnknownQp)?
             .connect(params)
-            .map_err(QpError::Connect)
+            .map_err(QpError::Connect);
+        self.note_failure_of(conn);
+        result
     }
 
     /// Brings QP `conn` to `Rtr` only (the passive side before sending the
@@ -637,10 +646,13 @@ where
     /// # Errors
     /// [`QpError::UnknownQp`], [`QpError::Connect`].
     pub fn ready_to_receive(&mut self, conn: ConnId, params: QpParams) -> Result<(), QpError> {
-        self.qp_mut(conn)
+        let result = self
+            .qp_mut(conn)
             .ok_or(QpError::UnknownQp)?
             .ready_to_receive(params)
-            .map_err(QpError::Connect)
+            .map_err(QpError::Connect);
+        self.note_failure_of(conn);
+        result
     }
 
     /// Moves QP `conn` from `Rtr` to `Rts`.
@@ -648,10 +660,13 @@ where
     /// # Errors
     /// [`QpError::UnknownQp`], [`QpError::Connect`].
     pub fn ready_to_send(&mut self, conn: ConnId) -> Result<(), QpError> {
-        self.qp_mut(conn)
+        let result = self
+            .qp_mut(conn)
             .ok_or(QpError::UnknownQp)?
             .ready_to_send()
-            .map_err(QpError::Connect)
+            .map_err(QpError::Connect);
+        self.note_failure_of(conn);
+        result
     }
 
     /// The QP number of `conn`.
@@ -667,6 +682,25 @@ where
     /// The state of QP `conn`.
     pub fn qp_state(&self, conn: ConnId) -> Option<QpState> {
         self.qp(conn).map(Qp::state)
+    }
+
+    /// Adds slot `slot` to the failed set if its QP is in `Err`: called
+    /// after every call into a QP that can fail it.
+    fn note_failure(&mut self, slot: usize) {
+        if self
+            .qps
+            .get(slot)
+            .and_then(Option::as_ref)
+            .is_some_and(|qp| qp.state() == QpState::Err)
+        {
+            self.failed.insert(slot);
+        }
+    }
+
+    fn note_failure_of(&mut self, conn: ConnId) {
+        if let Some(slot) = self.slot_of(conn) {
+            self.note_failure(slot);
+        }
     }
 
     fn qp_mut(&mut self, conn: ConnId) -> Option<&mut Qp> {
@@ -786,6 +820,7 @@ where
             counters: &mut self.counters,
         };
         qp.receive(now, &parsed, &mut ctx);
+        self.note_failure(slot);
         if was_rtr {
             // The first packet before the RTU establishes the connection
             // (ib-cm.md §4.8): the CM reports it, the event moves us to RTS.
@@ -909,6 +944,7 @@ where
                 qp.enter_error(&mut ctx, verbs::WcStatus::WrFlushErr);
             }
         }
+        self.note_failure(slot);
     }
 
     fn on_cm_event(&mut self, event: cm::Event) {
@@ -952,6 +988,7 @@ where
                 let connected = self.qps[slot]
                     .as_mut()
                     .is_some_and(|qp| qp.connect(params).is_ok());
+                self.note_failure(slot);
                 if connected && self.cm.ready_to_use(cm).is_ok() {
                     self.links[slot] = Link::Connected { cm };
                     let conn = ConnId(local.qpn.value());
@@ -975,6 +1012,7 @@ where
                     let ready = self.qps[slot]
                         .as_mut()
                         .is_some_and(|qp| qp.ready_to_send().is_ok());
+                    self.note_failure(slot);
                     if ready {
                         let conn = self.conn_at(slot);
                         self.push_event(CmEvent::Established {
@@ -1221,6 +1259,9 @@ where
                 counters: &mut self.counters,
             };
             budget -= qp.poll(now, &mut ctx, sink, budget);
+            if qp.state() == QpState::Err {
+                self.failed.insert(slot);
+            }
             if budget == 0 {
                 self.next_poll = (slot + 1) % qps;
             }
@@ -1257,18 +1298,30 @@ where
     /// NAK for a fatal error): send the DREQ so the peer learns, and surface
     /// `Disconnected` now (its work requests already completed with errors).
     fn reap_failed_qps(&mut self) {
-        let mut next = self.occupied.next_from(0);
+        let mut next = self.failed.next_from(0);
         while let Some(slot) = next {
-            next = self.occupied.next_from(slot + 1);
-            let Link::Connected { cm } = self.links[slot] else {
-                continue;
-            };
+            next = self.failed.next_from(slot + 1);
             let failed = self.qps[slot]
                 .as_ref()
                 .is_some_and(|qp| qp.state() == QpState::Err);
-            if !failed || self.events.is_full() {
+            let cm = match self.links[slot] {
+                _ if !failed => None,
+                Link::Connected { cm } => Some(cm),
+                // Not connected yet: reaped once it is.
+                Link::Resolving(_) | Link::Requesting { .. } | Link::Requested { .. } => {
+                    continue;
+                }
+                // Closed, closing or made by hand: never reaped.
+                Link::Manual | Link::Closing { .. } | Link::Closed { .. } => None,
+            };
+            let Some(cm) = cm else {
+                self.failed.remove(slot);
+                continue;
+            };
+            if self.events.is_full() {
                 continue;
             }
+            self.failed.remove(slot);
             let _ = self
                 .cm
                 .disconnect(self.now, &mut CmRandom(&mut self.keys), cm);
@@ -1371,7 +1424,9 @@ where
         let qp = self.qps[slot]
             .as_mut()
             .ok_or(PostError::UnknownConnection)?;
-        qp.post_send(requests, &mut self.arena)
+        let result = qp.post_send(requests, &mut self.arena);
+        self.note_failure(slot);
+        result
     }
 
     fn post_recv(&mut self, conn: ConnId, requests: &[RecvWr]) -> Result<(), PostError> {
@@ -1379,7 +1434,9 @@ where
         let qp = self.qps[slot]
             .as_mut()
             .ok_or(PostError::UnknownConnection)?;
-        qp.post_recv(requests, &mut self.arena)
+        let result = qp.post_recv(requests, &mut self.arena);
+        self.note_failure(slot);
+        result
     }
 
     fn poll_cq(&mut self, out: &mut [WorkCompletion]) -> usize {
@@ -1479,11 +1536,12 @@ where
         };
         let qp_params = self.qp_params(&attributes, local, route.peer, udp_src_port);
         // RTR (receives already posted) before the REP exists (ib-cm.md §6).
-        self.qps[slot]
+        let ready = self.qps[slot]
             .as_mut()
             .ok_or(ConnectError::UnknownConnection)?
-            .ready_to_receive(qp_params)
-            .map_err(|_| ConnectError::InvalidState)?;
+            .ready_to_receive(qp_params);
+        self.note_failure(slot);
+        ready.map_err(|_| ConnectError::InvalidState)?;
         match self.cm.accept(self.now, cm, local, params.private_data) {
             Ok(_) => {
                 self.links[slot] = Link::Connected { cm };
