@@ -104,6 +104,7 @@ use crate::qp::{
 use crate::slots::SlotSet;
 use crate::types::{Mtu, Pkey, Psn, Qkey, Qpn};
 use crate::udp::{parse_datagram, DatagramFrames, DatagramSink, PSEUDO_MAC};
+use crate::wake::WakeSet;
 use crate::wire::{
     ipv4, parse_frame, udp, BthRepr, DethRepr, EtherType, EthernetAddress, EthernetRepr,
     ExtHeaders, FrameHeaders, Ipv4Address, Ipv4Repr, Opcode, ParseError, Trailer, Transport,
@@ -335,6 +336,9 @@ pub struct Hca<S, K, const N: usize = 0, const Q: usize = 0, const C: usize = 0>
     /// checked after each call that can fail it): what
     /// [`Hca::reap_failed_qps`] visits.
     failed: SlotSet,
+    /// QPs with a frame to send or a timer running: what the data path of
+    /// [`Hca::poll`] visits.
+    wake: WakeSet,
     cq: CompletionQueue,
     counters: Counters,
     control: ControlCounters,
@@ -431,6 +435,7 @@ where
             occupied: SlotSet::with_capacity(qps),
             resolving: SlotSet::with_capacity(qps),
             failed: SlotSet::with_capacity(qps),
+            wake: WakeSet::with_capacity(qps),
             cq: CompletionQueue::with_capacity(capacity.cq_entries),
             counters: Counters::default(),
             control: ControlCounters::default(),
@@ -603,6 +608,7 @@ where
         self.qps[slot] = Some(qp);
         self.links[slot] = link;
         self.occupied.insert(slot);
+        self.touched(slot);
         Ok((ConnId(qpn), slot))
     }
 
@@ -614,6 +620,7 @@ where
         self.links[slot] = Link::Manual;
         self.resolving.remove(slot);
         self.failed.remove(slot);
+        self.wake.set(slot, None);
         let Some(mut qp) = self.qps[slot].take() else {
             return;
         };
@@ -636,7 +643,7 @@ where
             .ok_or(QpError::UnknownQp)?
             .connect(params)
             .map_err(QpError::Connect);
-        self.note_failure_of(conn);
+        self.touched_conn(conn);
         result
     }
 
@@ -651,7 +658,7 @@ where
             .ok_or(QpError::UnknownQp)?
             .ready_to_receive(params)
             .map_err(QpError::Connect);
-        self.note_failure_of(conn);
+        self.touched_conn(conn);
         result
     }
 
@@ -665,7 +672,7 @@ where
             .ok_or(QpError::UnknownQp)?
             .ready_to_send()
             .map_err(QpError::Connect);
-        self.note_failure_of(conn);
+        self.touched_conn(conn);
         result
     }
 
@@ -684,22 +691,23 @@ where
         self.qp(conn).map(Qp::state)
     }
 
-    /// Adds slot `slot` to the failed set if its QP is in `Err`: called
-    /// after every call into a QP that can fail it.
-    fn note_failure(&mut self, slot: usize) {
-        if self
-            .qps
-            .get(slot)
-            .and_then(Option::as_ref)
-            .is_some_and(|qp| qp.state() == QpState::Err)
-        {
+    /// Called after every call into slot `slot`'s QP that can change it:
+    /// records when the QP next has work for [`Hca::poll`] and adds the
+    /// slot to the failed set if the QP went to `Err`.
+    fn touched(&mut self, slot: usize) {
+        let Some(qp) = self.qps.get(slot).and_then(Option::as_ref) else {
+            self.wake.set(slot, None);
+            return;
+        };
+        if qp.state() == QpState::Err {
             self.failed.insert(slot);
         }
+        self.wake.set(slot, qp.wake_at());
     }
 
-    fn note_failure_of(&mut self, conn: ConnId) {
+    fn touched_conn(&mut self, conn: ConnId) {
         if let Some(slot) = self.slot_of(conn) {
-            self.note_failure(slot);
+            self.touched(slot);
         }
     }
 
@@ -820,7 +828,7 @@ where
             counters: &mut self.counters,
         };
         qp.receive(now, &parsed, &mut ctx);
-        self.note_failure(slot);
+        self.touched(slot);
         if was_rtr {
             // The first packet before the RTU establishes the connection
             // (ib-cm.md §4.8): the CM reports it, the event moves us to RTS.
@@ -944,7 +952,7 @@ where
                 qp.enter_error(&mut ctx, verbs::WcStatus::WrFlushErr);
             }
         }
-        self.note_failure(slot);
+        self.touched(slot);
     }
 
     fn on_cm_event(&mut self, event: cm::Event) {
@@ -988,7 +996,7 @@ where
                 let connected = self.qps[slot]
                     .as_mut()
                     .is_some_and(|qp| qp.connect(params).is_ok());
-                self.note_failure(slot);
+                self.touched(slot);
                 if connected && self.cm.ready_to_use(cm).is_ok() {
                     self.links[slot] = Link::Connected { cm };
                     let conn = ConnId(local.qpn.value());
@@ -1012,7 +1020,7 @@ where
                     let ready = self.qps[slot]
                         .as_mut()
                         .is_some_and(|qp| qp.ready_to_send().is_ok());
-                    self.note_failure(slot);
+                    self.touched(slot);
                     if ready {
                         let conn = self.conn_at(slot);
                         self.push_event(CmEvent::Established {
@@ -1232,11 +1240,15 @@ where
             self.mad_out = self.cm.dispatch();
         }
         self.reap_failed_qps();
-        // Data path: the QPs that exist, round robin from `next_poll`
-        // (those at or above it, then those below).
+        // Data path: the QPs with work due, round robin from `next_poll`
+        // (those at or above it, then those below); the others would send
+        // nothing and change nothing.
+        if !self.wake.any_due(now) {
+            return budget < MAX_TX_BURST;
+        }
         let start = self.next_poll;
         let qps = self.capacity.qps;
-        let mut next = self.occupied.next_from(start);
+        let mut next = self.wake.next_from(start);
         let mut wrapped = false;
         while budget > 0 {
             let slot = match next {
@@ -1244,13 +1256,17 @@ where
                 Some(_) => break,
                 None if !wrapped && start > 0 => {
                     wrapped = true;
-                    next = self.occupied.next_from(0);
+                    next = self.wake.next_from(0);
                     continue;
                 }
                 None => break,
             };
-            next = self.occupied.next_from(slot + 1);
+            next = self.wake.next_from(slot + 1);
+            if !self.wake.is_due(slot, now) {
+                continue;
+            }
             let Some(qp) = self.qps[slot].as_mut() else {
+                self.wake.set(slot, None);
                 continue;
             };
             let mut ctx = Context {
@@ -1259,12 +1275,14 @@ where
                 counters: &mut self.counters,
             };
             budget -= qp.poll(now, &mut ctx, sink, budget);
-            if qp.state() == QpState::Err {
-                self.failed.insert(slot);
-            }
+            self.touched(slot);
             if budget == 0 {
                 self.next_poll = (slot + 1) % qps;
             }
+        }
+        if budget > 0 {
+            // Every due QP was visited: the earliest time is exact again.
+            self.wake.settle();
         }
         budget < MAX_TX_BURST
     }
@@ -1425,7 +1443,7 @@ where
             .as_mut()
             .ok_or(PostError::UnknownConnection)?;
         let result = qp.post_send(requests, &mut self.arena);
-        self.note_failure(slot);
+        self.touched(slot);
         result
     }
 
@@ -1435,7 +1453,7 @@ where
             .as_mut()
             .ok_or(PostError::UnknownConnection)?;
         let result = qp.post_recv(requests, &mut self.arena);
-        self.note_failure(slot);
+        self.touched(slot);
         result
     }
 
@@ -1540,7 +1558,7 @@ where
             .as_mut()
             .ok_or(ConnectError::UnknownConnection)?
             .ready_to_receive(qp_params);
-        self.note_failure(slot);
+        self.touched(slot);
         ready.map_err(|_| ConnectError::InvalidState)?;
         match self.cm.accept(self.now, cm, local, params.private_data) {
             Ok(_) => {

@@ -42,6 +42,7 @@ pub mod qp;
 pub mod slots;
 pub mod types;
 pub mod udp;
+pub mod wake;
 pub mod wire;
 
 pub use capacity::HcaCapacity;
