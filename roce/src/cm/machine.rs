@@ -390,6 +390,18 @@ impl<const N: usize> Cm<N> {
         self.with_events.insert(index);
     }
 
+    /// Whether [`Cm::poll_event`] may have an event to report (O(1); false
+    /// means it has none).
+    pub fn has_events(&self) -> bool {
+        !self.with_events.is_empty()
+    }
+
+    /// Whether [`Cm::dispatch`] may have a MAD to send (O(1); false means
+    /// it has none).
+    pub fn has_output(&self) -> bool {
+        !self.stateless.is_empty() || !self.tx_ready.is_empty()
+    }
+
     /// The oldest unreported event, or `None`. Bounded: one scan of the
     /// slots that have events (`None` at once when none has).
     pub fn poll_event(&mut self) -> Option<Event> {
