@@ -101,13 +101,17 @@ use crate::qp::{
     CompletionQueue, ConnectQpError, Context, Counters, CqReserveError, FrameSink, Path, Qp,
     QpParams, QpState,
 };
+use crate::slots::SlotSet;
 use crate::types::{Mtu, Pkey, Psn, Qkey, Qpn};
 use crate::udp::{parse_datagram, DatagramFrames, DatagramSink, PSEUDO_MAC};
+use crate::wake::WakeSet;
 use crate::wire::{
     ipv4, parse_frame, udp, BthRepr, DethRepr, EtherType, EthernetAddress, EthernetRepr,
     ExtHeaders, FrameHeaders, Ipv4Address, Ipv4Repr, Opcode, ParseError, Trailer, Transport,
     UdpRepr, MAX_HEADERS_LEN,
 };
+
+mod events;
 
 /// Most frames one [`Hca::poll`] call sends (over all QPs, QP1 and ARP).
 pub const MAX_TX_BURST: usize = 64;
@@ -325,6 +329,18 @@ pub struct Hca<S, K, const N: usize = 0, const Q: usize = 0, const C: usize = 0>
     /// Bumped whenever a slot gets a new QP: part of the QP's CQ tag.
     generations: Vec<u32>,
     links: Vec<Link>,
+    /// Slots that hold a QP: what the per-poll walks visit.
+    occupied: SlotSet,
+    /// Slots whose link may be [`Link::Resolving`] (dropped once found
+    /// otherwise): what [`Hca::resolve_pending`] visits.
+    resolving: SlotSet,
+    /// Slots whose QP went to `Err` and was not reaped yet (the QP was
+    /// checked after each call that can fail it): what
+    /// [`Hca::reap_failed_qps`] visits.
+    failed: SlotSet,
+    /// QPs with a frame to send or a timer running: what the data path of
+    /// [`Hca::poll`] visits.
+    wake: WakeSet,
     cq: CompletionQueue,
     counters: Counters,
     control: ControlCounters,
@@ -418,6 +434,10 @@ where
             free_slots: (0..qps).rev().collect(),
             generations: alloc::vec![0; qps],
             links,
+            occupied: SlotSet::with_capacity(qps),
+            resolving: SlotSet::with_capacity(qps),
+            failed: SlotSet::with_capacity(qps),
+            wake: WakeSet::with_capacity(qps),
             cq: CompletionQueue::with_capacity(capacity.cq_entries),
             counters: Counters::default(),
             control: ControlCounters::default(),
@@ -589,6 +609,8 @@ where
         qp.init();
         self.qps[slot] = Some(qp);
         self.links[slot] = link;
+        self.occupied.insert(slot);
+        self.touched(slot);
         Ok((ConnId(qpn), slot))
     }
 
@@ -598,9 +620,13 @@ where
     /// consumed).
     fn free_slot(&mut self, slot: usize) {
         self.links[slot] = Link::Manual;
+        self.resolving.remove(slot);
+        self.failed.remove(slot);
+        self.wake.set(slot, None);
         let Some(mut qp) = self.qps[slot].take() else {
             return;
         };
+        self.occupied.remove(slot);
         qp.release(&mut self.arena);
         let held = qp.completions_held();
         self.cq
@@ -614,10 +640,13 @@ where
     /// # Errors
     /// [`QpError::UnknownQp`], [`QpError::Connect`].
     pub fn connect_qp(&mut self, conn: ConnId, params: QpParams) -> Result<(), QpError> {
-        self.qp_mut(conn)
+        let result = self
+            .qp_mut(conn)
             .ok_or(QpError::UnknownQp)?
             .connect(params)
-            .map_err(QpError::Connect)
+            .map_err(QpError::Connect);
+        self.touched_conn(conn);
+        result
     }
 
     /// Brings QP `conn` to `Rtr` only (the passive side before sending the
@@ -626,10 +655,13 @@ where
     /// # Errors
     /// [`QpError::UnknownQp`], [`QpError::Connect`].
     pub fn ready_to_receive(&mut self, conn: ConnId, params: QpParams) -> Result<(), QpError> {
-        self.qp_mut(conn)
+        let result = self
+            .qp_mut(conn)
             .ok_or(QpError::UnknownQp)?
             .ready_to_receive(params)
-            .map_err(QpError::Connect)
+            .map_err(QpError::Connect);
+        self.touched_conn(conn);
+        result
     }
 
     /// Moves QP `conn` from `Rtr` to `Rts`.
@@ -637,10 +669,13 @@ where
     /// # Errors
     /// [`QpError::UnknownQp`], [`QpError::Connect`].
     pub fn ready_to_send(&mut self, conn: ConnId) -> Result<(), QpError> {
-        self.qp_mut(conn)
+        let result = self
+            .qp_mut(conn)
             .ok_or(QpError::UnknownQp)?
             .ready_to_send()
-            .map_err(QpError::Connect)
+            .map_err(QpError::Connect);
+        self.touched_conn(conn);
+        result
     }
 
     /// The QP number of `conn`.
@@ -658,6 +693,26 @@ where
         self.qp(conn).map(Qp::state)
     }
 
+    /// Called after every call into slot `slot`'s QP that can change it:
+    /// records when the QP next has work for [`Hca::poll`] and adds the
+    /// slot to the failed set if the QP went to `Err`.
+    fn touched(&mut self, slot: usize) {
+        let Some(qp) = self.qps.get(slot).and_then(Option::as_ref) else {
+            self.wake.set(slot, None);
+            return;
+        };
+        if qp.state() == QpState::Err {
+            self.failed.insert(slot);
+        }
+        self.wake.set(slot, qp.wake_at());
+    }
+
+    fn touched_conn(&mut self, conn: ConnId) {
+        if let Some(slot) = self.slot_of(conn) {
+            self.touched(slot);
+        }
+    }
+
     fn qp_mut(&mut self, conn: ConnId) -> Option<&mut Qp> {
         let slot = self.slot_of(conn)?;
         self.qps[slot].as_mut()
@@ -672,10 +727,12 @@ where
             .then_some(slot)
     }
 
-    /// The slot whose link names CM connection `cm` (control path: one scan).
+    /// The slot whose link names CM connection `cm` (control path: one
+    /// scan of the QPs that exist).
     fn slot_of_cm(&self, cm: ConnId) -> Option<usize> {
-        (0..self.capacity.qps)
-            .find(|&slot| self.qps[slot].is_some() && self.links[slot].cm() == Some(cm))
+        self.occupied
+            .iter()
+            .find(|&slot| self.links[slot].cm() == Some(cm))
     }
 
     /// Handles one received Ethernet frame: ARP goes to the neighbour table
@@ -773,6 +830,7 @@ where
             counters: &mut self.counters,
         };
         qp.receive(now, &parsed, &mut ctx);
+        self.touched(slot);
         if was_rtr {
             // The first packet before the RTU establishes the connection
             // (ib-cm.md §4.8): the CM reports it, the event moves us to RTS.
@@ -867,273 +925,6 @@ where
         self.counters.frames_out += 1;
     }
 
-    /// Moves CM events into the HCA's event queue, acting on each (QP state
-    /// changes, RTU, rejects). Bounded by the event queue's room.
-    fn drain_cm_events(&mut self) {
-        while !self.events.is_full() {
-            let Some(event) = self.cm.poll_event() else {
-                break;
-            };
-            self.cm_dirty = true;
-            self.on_cm_event(event);
-        }
-    }
-
-    fn push_event(&mut self, event: CmEvent) {
-        // The caller checked for room (one event per CM event).
-        let _ = self.events.push_back(event);
-    }
-
-    /// Flushes a QP's work requests (its state goes to `Err`).
-    fn flush_slot(&mut self, slot: usize) {
-        if let Some(qp) = self.qps[slot].as_mut() {
-            if qp.state() != QpState::Err {
-                let mut ctx = Context {
-                    arena: &mut self.arena,
-                    cq: &mut self.cq,
-                    counters: &mut self.counters,
-                };
-                qp.enter_error(&mut ctx, verbs::WcStatus::WrFlushErr);
-            }
-        }
-    }
-
-    fn on_cm_event(&mut self, event: cm::Event) {
-        let now = self.now;
-        match event {
-            cm::Event::ConnectRequest { conn: cm, request } => {
-                let link = Link::Requested {
-                    cm,
-                    attributes: request.qp,
-                    route: request.route,
-                    udp_src_port: rdma_cm_udp_src_port(request.cma_src_port, request.port),
-                };
-                match self.create_linked_qp(link) {
-                    Ok((conn, _)) => self.push_event(CmEvent::ConnectRequest {
-                        conn,
-                        local: request.local_addr(),
-                        remote: request.remote_addr(),
-                        private_data: request.private_data,
-                    }),
-                    Err(_) => {
-                        self.control.requests_refused += 1;
-                        let _ = self.cm.reject(now, cm, cm::RejectReason::NoResources, &[]);
-                    }
-                }
-            }
-            cm::Event::Reply { conn: cm, reply } => {
-                let Some(slot) = self.slot_of_cm(cm) else {
-                    let _ = self.cm.reject(now, cm, cm::RejectReason::NoResources, &[]);
-                    return;
-                };
-                let Link::Requesting {
-                    peer,
-                    local,
-                    udp_src_port,
-                    ..
-                } = self.links[slot]
-                else {
-                    return;
-                };
-                let params = self.qp_params(&reply.qp, local, peer, udp_src_port);
-                let connected = self.qps[slot]
-                    .as_mut()
-                    .is_some_and(|qp| qp.connect(params).is_ok());
-                if connected && self.cm.ready_to_use(cm).is_ok() {
-                    self.links[slot] = Link::Connected { cm };
-                    let conn = ConnId(local.qpn.value());
-                    self.push_event(CmEvent::Established {
-                        conn,
-                        private_data: reply.private_data,
-                    });
-                } else {
-                    let _ = self.cm.reject(now, cm, cm::RejectReason::NoResources, &[]);
-                    self.flush_slot(slot);
-                    self.close(
-                        slot,
-                        CmEvent::Unreachable {
-                            conn: self.conn_at(slot),
-                        },
-                    );
-                }
-            }
-            cm::Event::Established { conn: cm } => {
-                if let Some(slot) = self.slot_of_cm(cm) {
-                    let ready = self.qps[slot]
-                        .as_mut()
-                        .is_some_and(|qp| qp.ready_to_send().is_ok());
-                    if ready {
-                        let conn = self.conn_at(slot);
-                        self.push_event(CmEvent::Established {
-                            conn,
-                            private_data: PrivateData::new(),
-                        });
-                    }
-                }
-            }
-            cm::Event::Rejected {
-                conn: cm,
-                reason,
-                private_data,
-            } => {
-                if let Some(slot) = self.slot_of_cm(cm) {
-                    self.flush_slot(slot);
-                    let conn = self.conn_at(slot);
-                    let event = if matches!(self.links[slot], Link::Requesting { .. }) {
-                        CmEvent::Rejected {
-                            conn,
-                            reason: RejectReason(reason.into()),
-                            private_data,
-                        }
-                    } else {
-                        CmEvent::Disconnected { conn }
-                    };
-                    self.close(slot, event);
-                }
-            }
-            cm::Event::TimedOut { conn: cm, .. } => {
-                if let Some(slot) = self.slot_of_cm(cm) {
-                    self.flush_slot(slot);
-                    let conn = self.conn_at(slot);
-                    let event = if matches!(self.links[slot], Link::Requesting { .. }) {
-                        CmEvent::Unreachable { conn }
-                    } else {
-                        CmEvent::Disconnected { conn }
-                    };
-                    self.close(slot, event);
-                }
-            }
-            cm::Event::Disconnected { conn: cm, .. } => {
-                if let Some(slot) = self.slot_of_cm(cm) {
-                    self.flush_slot(slot);
-                    let conn = self.conn_at(slot);
-                    self.close(slot, CmEvent::Disconnected { conn });
-                }
-            }
-        }
-    }
-
-    fn conn_at(&self, slot: usize) -> ConnId {
-        self.qps[slot].as_ref().map_or(ConnId(0), Qp::conn)
-    }
-
-    /// Surfaces `event` once and marks the slot closed.
-    fn close(&mut self, slot: usize, event: CmEvent) {
-        if matches!(self.links[slot], Link::Closed { .. }) {
-            return;
-        }
-        let cm = self.links[slot].cm();
-        self.links[slot] = Link::Closed { cm };
-        self.push_event(event);
-    }
-
-    /// The RC parameters of a CM-made QP.
-    fn qp_params(
-        &self,
-        attributes: &QpAttributes,
-        local: LocalQp,
-        peer: PeerAddr,
-        udp_src_port: u16,
-    ) -> QpParams {
-        let mut remote_access = AccessFlags::REMOTE_WRITE;
-        if local.responder_resources > 0 {
-            remote_access = remote_access.union(AccessFlags::REMOTE_READ);
-        }
-        QpParams {
-            peer_qpn: attributes.remote_qpn,
-            send_psn: attributes.send_psn,
-            recv_psn: local.starting_psn,
-            mtu: attributes.path_mtu,
-            local_ack_timeout: attributes.ack_timeout,
-            retry_count: attributes.retry_count,
-            rnr_retry: attributes.rnr_retry_count,
-            min_rnr_timer: MIN_RNR_TIMER,
-            max_rd_atomic: local.initiator_depth.min(attributes.max_initiator_depth),
-            max_dest_rd_atomic: local
-                .responder_resources
-                .min(attributes.peer_initiator_depth),
-            remote_access,
-            path: Path {
-                local_mac: self.config.mac,
-                peer_mac: peer.mac.0,
-                local_ip: self.config.ip,
-                peer_ip: peer.ip.octets(),
-                udp_src_port: self.udp_source_port(udp_src_port),
-                tos: attributes.traffic_class,
-                ttl: attributes.hop_limit,
-            },
-        }
-    }
-
-    /// Active connections waiting for ARP: send the REQ once the server's
-    /// MAC is known, give up when ARP failed.
-    fn resolve_pending(&mut self, now: u64) {
-        for slot in 0..self.capacity.qps {
-            let Link::Resolving(request) = &self.links[slot] else {
-                continue;
-            };
-            let request = request.clone();
-            let neighbor = match self.link_mode {
-                LinkMode::Ethernet => self.arp.state(now, request.peer_ip),
-                // The kernel resolves: the REQ goes out at once.
-                LinkMode::Udp { .. } => NeighborState::Reachable(PSEUDO_MAC),
-            };
-            match neighbor {
-                NeighborState::Reachable(mac) | NeighborState::Stale(mac) => {
-                    let peer = PeerAddr {
-                        mac,
-                        ip: request.peer_ip,
-                    };
-                    let params = ConnectParams {
-                        route: Route {
-                            local_ip: Ipv4Address::from(self.config.ip),
-                            peer,
-                        },
-                        port: request.port,
-                        src_port: request.src_port,
-                        qp: request.local,
-                        path_mtu: self.path_mtu,
-                        retry_count: request.retry_count,
-                        traffic_class: 0,
-                        hop_limit: 64,
-                        private_data: &request.private_data,
-                    };
-                    let result = self.cm.connect(now, &mut CmRandom(&mut self.keys), &params);
-                    self.cm_dirty = true;
-                    match result {
-                        Ok(cm) => {
-                            self.links[slot] = Link::Requesting {
-                                cm,
-                                peer,
-                                local: request.local,
-                                udp_src_port: rdma_cm_udp_src_port(request.src_port, request.port),
-                            };
-                        }
-                        Err(_) => self.fail_resolving(slot),
-                    }
-                }
-                NeighborState::Failed => self.fail_resolving(slot),
-                NeighborState::Unknown => {
-                    // Evicted or expired before the answer: ask again.
-                    let source = Ipv4Address::from(self.config.ip);
-                    if let Some(frame) = self.arp.request(now, source, request.peer_ip) {
-                        self.queue_arp(frame);
-                    }
-                }
-                NeighborState::Incomplete => {}
-            }
-        }
-    }
-
-    fn fail_resolving(&mut self, slot: usize) {
-        if self.events.is_full() {
-            return; // retried on the next poll
-        }
-        self.flush_slot(slot);
-        let conn = self.conn_at(slot);
-        self.close(slot, CmEvent::Unreachable { conn });
-    }
-
     /// Runs the timers (CM retransmissions and timeouts, ARP, every QP's),
     /// sends due frames through `sink` and moves connection events to
     /// [`Verbs::poll_cm_event`]: at most [`MAX_TX_BURST`] frames per call,
@@ -1163,6 +954,10 @@ where
         while budget > 0 {
             let outbound = match self.mad_out.take() {
                 Some(outbound) => outbound,
+                None if !self.cm.has_output() => {
+                    self.cm_dirty = false;
+                    break;
+                }
                 None => match self.cm.dispatch() {
                     Some(outbound) => outbound,
                     None => {
@@ -1178,15 +973,33 @@ where
             self.mad_out = self.cm.dispatch();
         }
         self.reap_failed_qps();
-        // Data path.
+        // Data path: the QPs with work due, round robin from `next_poll`
+        // (those at or above it, then those below); the others would send
+        // nothing and change nothing.
+        if !self.wake.any_due(now) {
+            return budget < MAX_TX_BURST;
+        }
         let start = self.next_poll;
         let qps = self.capacity.qps;
-        for step in 0..qps {
-            if budget == 0 {
-                break;
+        let mut next = self.wake.next_from(start);
+        let mut wrapped = false;
+        while budget > 0 {
+            let slot = match next {
+                Some(slot) if !wrapped || slot < start => slot,
+                Some(_) => break,
+                None if !wrapped && start > 0 => {
+                    wrapped = true;
+                    next = self.wake.next_from(0);
+                    continue;
+                }
+                None => break,
+            };
+            next = self.wake.next_from(slot + 1);
+            if !self.wake.is_due(slot, now) {
+                continue;
             }
-            let slot = (start + step) % qps;
             let Some(qp) = self.qps[slot].as_mut() else {
+                self.wake.set(slot, None);
                 continue;
             };
             let mut ctx = Context {
@@ -1195,9 +1008,14 @@ where
                 counters: &mut self.counters,
             };
             budget -= qp.poll(now, &mut ctx, sink, budget);
+            self.touched(slot);
             if budget == 0 {
                 self.next_poll = (slot + 1) % qps;
             }
+        }
+        if budget > 0 {
+            // Every due QP was visited: the earliest time is exact again.
+            self.wake.settle();
         }
         budget < MAX_TX_BURST
     }
@@ -1227,29 +1045,6 @@ where
         sent
     }
 
-    /// Connections whose QP died of a transport error (retries exhausted, a
-    /// NAK for a fatal error): send the DREQ so the peer learns, and surface
-    /// `Disconnected` now (its work requests already completed with errors).
-    fn reap_failed_qps(&mut self) {
-        for slot in 0..self.capacity.qps {
-            let Link::Connected { cm } = self.links[slot] else {
-                continue;
-            };
-            let failed = self.qps[slot]
-                .as_ref()
-                .is_some_and(|qp| qp.state() == QpState::Err);
-            if !failed || self.events.is_full() {
-                continue;
-            }
-            let _ = self
-                .cm
-                .disconnect(self.now, &mut CmRandom(&mut self.keys), cm);
-            self.cm_dirty = true;
-            let conn = self.conn_at(slot);
-            self.close(slot, CmEvent::Disconnected { conn });
-        }
-    }
-
     /// When [`Hca::poll`] next has work: `Some(now)` if frames or events are
     /// waiting, the earliest timer otherwise (QPs, CM, ARP), `None` if idle.
     pub fn poll_at(&self, now: u64) -> Option<u64> {
@@ -1257,9 +1052,9 @@ where
             || self.mad_out.is_some()
             || !self.arp_out.is_empty()
             || self
-                .links
+                .resolving
                 .iter()
-                .any(|link| matches!(link, Link::Resolving(_)));
+                .any(|slot| matches!(self.links[slot], Link::Resolving(_)));
         let control = if control_ready {
             // Resolving connections wait for ARP: its timers wake us.
             if self.cm_dirty || self.mad_out.is_some() || !self.arp_out.is_empty() {
@@ -1270,9 +1065,9 @@ where
         } else {
             None
         };
-        self.qps
+        self.occupied
             .iter()
-            .flatten()
+            .filter_map(|slot| self.qps[slot].as_ref())
             .filter_map(|qp| qp.poll_at(now))
             .chain(control)
             .chain(self.cm.poll_at())
@@ -1343,7 +1138,9 @@ where
         let qp = self.qps[slot]
             .as_mut()
             .ok_or(PostError::UnknownConnection)?;
-        qp.post_send(requests, &mut self.arena)
+        let result = qp.post_send(requests, &mut self.arena);
+        self.touched(slot);
+        result
     }
 
     fn post_recv(&mut self, conn: ConnId, requests: &[RecvWr]) -> Result<(), PostError> {
@@ -1351,7 +1148,9 @@ where
         let qp = self.qps[slot]
             .as_mut()
             .ok_or(PostError::UnknownConnection)?;
-        qp.post_recv(requests, &mut self.arena)
+        let result = qp.post_recv(requests, &mut self.arena);
+        self.touched(slot);
+        result
     }
 
     fn poll_cq(&mut self, out: &mut [WorkCompletion]) -> usize {
@@ -1421,6 +1220,7 @@ where
             retry_count: params.retry_count.min(7),
             private_data,
         });
+        self.resolving.insert(slot);
         // ARP and the REQ go out from the next `poll`, which has the time.
         self.cm_dirty = true;
         Ok(conn)
@@ -1450,11 +1250,12 @@ where
         };
         let qp_params = self.qp_params(&attributes, local, route.peer, udp_src_port);
         // RTR (receives already posted) before the REP exists (ib-cm.md §6).
-        self.qps[slot]
+        let ready = self.qps[slot]
             .as_mut()
             .ok_or(ConnectError::UnknownConnection)?
-            .ready_to_receive(qp_params)
-            .map_err(|_| ConnectError::InvalidState)?;
+            .ready_to_receive(qp_params);
+        self.touched(slot);
+        ready.map_err(|_| ConnectError::InvalidState)?;
         match self.cm.accept(self.now, cm, local, params.private_data) {
             Ok(_) => {
                 self.links[slot] = Link::Connected { cm };

@@ -39,8 +39,10 @@ pub mod hca;
 #[cfg(feature = "std")]
 pub mod pcap;
 pub mod qp;
+pub mod slots;
 pub mod types;
 pub mod udp;
+pub mod wake;
 pub mod wire;
 
 pub use capacity::HcaCapacity;

@@ -15,6 +15,7 @@ use super::{
     Reply, Route, State, Stats, Waiting, MAD_LEN, MAX_LISTENERS, MILLISECOND, REQ_USER_DATA_LEN,
     STATELESS_QUEUE_LEN,
 };
+use crate::slots::SlotSet;
 use crate::types::{Gid, Mtu, Pkey, Psn, Qkey, Qpn};
 use crate::wire::cm::{
     self as wire_cm, rej, rep, req, DrepRepr, DreqRepr, Message, MessageKind, MraRepr, PathRepr,
@@ -123,6 +124,17 @@ pub struct Cm<const N: usize = 0> {
     next_event_seq: u64,
     next_tx: usize,
     stats: Stats,
+    /// Slots whose `tx_pending` is set: what [`Cm::dispatch`] visits.
+    tx_ready: SlotSet,
+    /// Slots with unreported events: what [`Cm::poll_event`] visits.
+    with_events: SlotSet,
+    /// Slots whose timer may be running (a slot is added whenever its timer
+    /// is set, dropped by [`Cm::poll`] once it finds the timer gone): what
+    /// [`Cm::poll`] and [`Cm::poll_at`] visit.
+    armed: SlotSet,
+    /// At most the earliest deadline of the `armed` slots' timers
+    /// (`u64::MAX`: none): [`Cm::poll`] returns at once before it.
+    earliest: u64,
 }
 
 /// A zeroed [`QpAttributes`] for vacant slots and fresh active connections.
@@ -212,6 +224,10 @@ impl<const N: usize> Cm<N> {
             next_event_seq: 0,
             next_tx: 0,
             stats: Stats::default(),
+            tx_ready: SlotSet::with_capacity(connections),
+            with_events: SlotSet::with_capacity(connections),
+            armed: SlotSet::with_capacity(connections),
+            earliest: u64::MAX,
         }
     }
 
@@ -371,20 +387,46 @@ impl<const N: usize> Cm<N> {
         // event is the bounded choice.
         let pushed = self.conns[index].events.push_back((seq, kind));
         debug_assert!(pushed.is_ok(), "more than EVENTS_PER_CONN events");
+        self.with_events.insert(index);
     }
 
-    /// The oldest unreported event, or `None`. Bounded: one scan of `N` slots.
+    /// Whether [`Cm::poll_event`] may have an event to report (O(1); false
+    /// means it has none).
+    pub fn has_events(&self) -> bool {
+        !self.with_events.is_empty()
+    }
+
+    /// Whether [`Cm::dispatch`] may have a MAD to send (O(1); false means
+    /// it has none).
+    pub fn has_output(&self) -> bool {
+        !self.stateless.is_empty() || !self.tx_ready.is_empty()
+    }
+
+    /// The oldest unreported event, or `None`. Bounded: one scan of the
+    /// slots that have events (`None` at once when none has).
     pub fn poll_event(&mut self) -> Option<Event> {
-        let index = self
-            .conns
-            .iter()
-            .enumerate()
-            .filter_map(|(i, c)| c.events.front().map(|&(seq, _)| (seq, i)))
-            .min()?
-            .1;
+        let mut oldest: Option<(u64, usize)> = None;
+        let mut next = self.with_events.next_from(0);
+        while let Some(index) = next {
+            next = self.with_events.next_from(index + 1);
+            match self.conns.get(index).and_then(|c| c.events.front()) {
+                Some(&(seq, _)) => {
+                    if oldest.is_none_or(|(first, _)| seq < first) {
+                        oldest = Some((seq, index));
+                    }
+                }
+                None => {
+                    self.with_events.remove(index);
+                }
+            }
+        }
+        let (_, index) = oldest?;
         let conn = self.conn_id(index);
         let record = &mut self.conns[index];
         let (_, kind) = record.events.pop_front()?;
+        if record.events.is_empty() {
+            self.with_events.remove(index);
+        }
         Some(match kind {
             EventKind::ConnectRequest => Event::ConnectRequest {
                 conn,
@@ -421,7 +463,15 @@ impl<const N: usize> Cm<N> {
     fn send(&mut self, index: usize, transaction_id: u64, message: Message<'_>) {
         let conn = &mut self.conns[index];
         emit_mad(&mut conn.tx, transaction_id, message);
-        conn.tx_pending = true;
+        self.mark_tx(index);
+    }
+
+    /// Queues slot `index`'s last MAD (`tx`) for [`Cm::dispatch`].
+    fn mark_tx(&mut self, index: usize) {
+        if let Some(conn) = self.conns.get_mut(index) {
+            conn.tx_pending = true;
+            self.tx_ready.insert(index);
+        }
     }
 
     fn send_stateless(&mut self, route: Route, transaction_id: u64, message: Message<'_>) {
@@ -448,15 +498,19 @@ impl<const N: usize> Cm<N> {
         }
     }
 
-    /// The next MAD to send, or `None`. Bounded: one scan of `N` slots.
+    /// The next MAD to send, or `None`: the slots with one are served
+    /// round robin. Bounded: one scan of the slots with a MAD to send
+    /// (`None` at once when there is none).
     pub fn dispatch(&mut self) -> Option<Outbound> {
         if let Some(out) = self.stateless.pop_front() {
             return Some(out);
         }
         let slots = self.conns.len();
-        for step in 0..slots {
-            let index = (self.next_tx + step) % slots;
-            let conn = &mut self.conns[index];
+        while let Some(index) = self.tx_ready.next_cyclic(self.next_tx) {
+            self.tx_ready.remove(index);
+            let Some(conn) = self.conns.get_mut(index) else {
+                continue;
+            };
             if conn.tx_pending {
                 conn.tx_pending = false;
                 self.next_tx = (index + 1) % slots;
@@ -477,8 +531,12 @@ impl<const N: usize> Cm<N> {
     /// timewait), or `None`. Outbound MADs are not timers: drain [`Cm::dispatch`]
     /// after every call.
     pub fn poll_at(&self) -> Option<u64> {
-        self.conns
+        if self.earliest == u64::MAX {
+            return None;
+        }
+        self.armed
             .iter()
+            .filter_map(|index| self.conns.get(index))
             .filter(|c| c.is_live())
             .filter_map(|c| c.timer.map(|t| t.deadline))
             .min()
@@ -486,20 +544,50 @@ impl<const N: usize> Cm<N> {
 
     /// Runs the timers due at `now`: retransmits REQ/REP/DREQ, gives up after the
     /// last retry (REJ reason 4 / timewait, with an event), ends timewaits and
-    /// rejects requests the consumer left unanswered. Bounded: one pass over `N`
-    /// slots. Returns whether anything happened.
+    /// rejects requests the consumer left unanswered. Bounded: one pass over the
+    /// slots whose timer runs, none before the earliest deadline. Returns whether
+    /// anything happened.
     pub fn poll(&mut self, now: u64) -> bool {
+        if now < self.earliest {
+            return false;
+        }
         let mut busy = false;
-        for index in 0..self.conns.len() {
-            let conn = &self.conns[index];
-            let Some(timer) = conn.timer else { continue };
+        // Recomputed over the timers left (and those `expire` sets).
+        self.earliest = u64::MAX;
+        let mut next = self.armed.next_from(0);
+        while let Some(index) = next {
+            next = self.armed.next_from(index + 1);
+            let Some(conn) = self.conns.get(index) else {
+                self.armed.remove(index);
+                continue;
+            };
+            let Some(timer) = conn.timer else {
+                self.armed.remove(index);
+                continue;
+            };
             if !conn.is_live() || timer.deadline > now {
+                self.earliest = self.earliest.min(timer.deadline);
                 continue;
             }
             busy = true;
             self.expire(now, index, timer);
+            match self.conns[index].timer {
+                Some(timer) => self.earliest = self.earliest.min(timer.deadline),
+                None => {
+                    self.armed.remove(index);
+                }
+            }
         }
         busy
+    }
+
+    /// Sets slot `index`'s timer (the only way a timer starts).
+    fn arm(&mut self, index: usize, timer: Timer) {
+        if let Some(conn) = self.conns.get_mut(index) {
+            conn.timer = Some(timer);
+            self.armed.insert(index);
+            self.earliest = self.earliest.min(timer.deadline);
+        }
     }
 
     fn expire(&mut self, now: u64, index: usize, timer: Timer) {
@@ -513,13 +601,15 @@ impl<const N: usize> Cm<N> {
                 | State::DreqSent
         );
         if retransmits && timer.retries_left > 0 {
-            let conn = &mut self.conns[index];
-            conn.tx_pending = true;
-            conn.timer = Some(Timer {
-                deadline: now.saturating_add(timer.interval),
-                interval: timer.interval,
-                retries_left: timer.retries_left - 1,
-            });
+            self.mark_tx(index);
+            self.arm(
+                index,
+                Timer {
+                    deadline: now.saturating_add(timer.interval),
+                    interval: timer.interval,
+                    retries_left: timer.retries_left - 1,
+                },
+            );
             self.stats.retransmissions += 1;
             return;
         }
@@ -555,13 +645,15 @@ impl<const N: usize> Cm<N> {
 
     fn enter_timewait(&mut self, now: u64, index: usize) {
         let timewait = self.config.timewait;
-        let conn = &mut self.conns[index];
-        conn.state = State::Timewait;
-        conn.timer = Some(Timer {
-            deadline: now.saturating_add(timewait),
-            interval: timewait,
-            retries_left: 0,
-        });
+        self.conns[index].state = State::Timewait;
+        self.arm(
+            index,
+            Timer {
+                deadline: now.saturating_add(timewait),
+                interval: timewait,
+                retries_left: 0,
+            },
+        );
     }
 
     fn report_down(&mut self, index: usize, cause: DisconnectCause) {
@@ -572,11 +664,14 @@ impl<const N: usize> Cm<N> {
     }
 
     fn start_timer(&mut self, now: u64, index: usize, interval: u64, retries: u8) {
-        self.conns[index].timer = Some(Timer {
-            deadline: now.saturating_add(interval),
-            interval,
-            retries_left: retries,
-        });
+        self.arm(
+            index,
+            Timer {
+                deadline: now.saturating_add(interval),
+                interval,
+                retries_left: retries,
+            },
+        );
     }
 
     /// A peer-supplied timer exponent, bounded by the configuration, in ns.
@@ -762,7 +857,7 @@ impl<const N: usize> Cm<N> {
             match self.conns[index].state {
                 // Re-send the MRA or the REP (the REP also has its own timer).
                 State::MraReqSent | State::RepSent | State::MraRepRcvd => {
-                    self.conns[index].tx_pending = true;
+                    self.mark_tx(index);
                 }
                 State::Timewait => {
                     let local = self.conns[index].local_comm_id;
@@ -930,7 +1025,7 @@ impl<const N: usize> Cm<N> {
             }
             // Our RTU was lost: the duplicate REP asks for it again (ib-cm.md §4.4).
             State::Established if conn.remote_comm_id == rep.local_comm_id => {
-                conn.tx_pending = true;
+                self.mark_tx(index);
                 true
             }
             // Duplicate while the HCA sets the QP up: nothing to add.

@@ -899,6 +899,29 @@ impl Qp {
         Ok(())
     }
 
+    /// The earliest time (ns) from which [`Qp::poll`] has anything to do:
+    /// `Some(0)` when it has now (a response queued, a request it may
+    /// send), the earlier of its timers (RNR wait, retransmission)
+    /// otherwise, `None` when nothing can happen until the QP is touched
+    /// again (a frame, a post, a state change). Before that time `poll`
+    /// sends nothing and changes nothing. Unlike [`Qp::poll_at`], the
+    /// retransmission deadline counts during an RNR wait too.
+    pub fn wake_at(&self) -> Option<u64> {
+        if !self.out.is_empty() {
+            return Some(0);
+        }
+        if self.state != QpState::Rts {
+            return None;
+        }
+        if self.can_send_now() {
+            return Some(0);
+        }
+        match (self.rnr_until, self.retransmit_deadline) {
+            (Some(rnr), Some(retransmit)) => Some(rnr.min(retransmit)),
+            (rnr, retransmit) => rnr.or(retransmit),
+        }
+    }
+
     /// The next deadline (ns) at which [`Qp::poll`] has timer work, or
     /// `Some(now)` if it has frames to send right away.
     pub fn poll_at(&self, now: u64) -> Option<u64> {

@@ -97,7 +97,9 @@ impl<V: Verbs> Lent<'_, V> {
         let slot = &mut self.server.paths[index];
         slot.state = PathState::Free;
         slot.generation = slot.generation.wrapping_add(1);
-        if let Some(session) = slot.session.take() {
+        let session = slot.session.take();
+        self.server.path_freed(index);
+        if let Some(session) = session {
             self.maybe_free_session(session);
         }
     }

@@ -272,9 +272,11 @@ impl<V: Verbs> Lent<'_, V> {
             now.saturating_add(self.server.config.setup_timeout_ns),
         );
         path.addresses = Some(addresses);
+        self.server.path_taken(index);
         if let Err(refusal) = self.allocate_info_req(index) {
             self.release_pool(index);
             self.server.paths[index].state = PathState::Free;
+            self.server.path_freed(index);
             return Err(refusal);
         }
         Ok(index as u16)

@@ -316,6 +316,9 @@ pub struct Server<V: Verbs> {
     next_port: usize,
     sessions: Vec<SessionSlot>,
     paths: Vec<PathSlot>,
+    /// Indices of the paths that are not `Free`, ascending: what the
+    /// per-poll walks visit (room for every path, reserved in `new`).
+    live_paths: Vec<u16>,
     /// (port, ConnId) -> (path index, cid); linear lookup. ConnIds are per
     /// provider, so the port is part of the key.
     // TODO(perf): a hash or a provider-assigned dense id once paths grow large.
@@ -371,6 +374,7 @@ impl<V: Verbs> Server<V> {
             usize::from(config.max_sessions) * usize::from(config.max_paths_per_session) * 2
                 + usize::from(config.max_half_open);
         let paths = (0..path_count).map(|_| PathSlot::new(&config)).collect();
+        let live_paths = Vec::with_capacity(path_count);
         let connections =
             Vec::with_capacity(path_count * usize::from(config.max_connections_per_path));
         Ok(Self {
@@ -381,6 +385,7 @@ impl<V: Verbs> Server<V> {
             next_port: 0,
             sessions,
             paths,
+            live_paths,
             connections,
             events: VecDeque::with_capacity(config.event_capacity),
             stats: ServerStats::default(),
@@ -527,8 +532,9 @@ impl<V: Verbs> Server<V> {
         if self.pending {
             return Some(0);
         }
-        self.paths
+        self.live_paths
             .iter()
+            .filter_map(|&index| self.paths.get(usize::from(index)))
             .filter_map(|path| match path.state {
                 PathState::Connected => Some(path.heartbeat.next()),
                 PathState::Connecting => Some(path.setup_deadline),
@@ -630,6 +636,33 @@ impl<V: Verbs> Server<V> {
             index,
             generation: self.sessions[usize::from(index)].generation,
         }
+    }
+
+    /// Path slot `index` left `Free`: the per-poll walks visit it.
+    fn path_taken(&mut self, index: usize) {
+        let Ok(index) = u16::try_from(index) else {
+            return;
+        };
+        if let Err(at) = self.live_paths.binary_search(&index) {
+            // Room for every path slot was reserved: no allocation.
+            self.live_paths.insert(at, index);
+        }
+    }
+
+    /// Path slot `index` is `Free` again.
+    fn path_freed(&mut self, index: usize) {
+        let Ok(index) = u16::try_from(index) else {
+            return;
+        };
+        if let Ok(at) = self.live_paths.binary_search(&index) {
+            self.live_paths.remove(at);
+        }
+    }
+
+    /// The smallest index of a path that is not `Free`, at or above `from`.
+    fn next_live_path(&self, from: usize) -> Option<usize> {
+        let at = self.live_paths.partition_point(|&p| usize::from(p) < from);
+        self.live_paths.get(at).map(|&p| usize::from(p))
     }
 
     fn lookup_conn(&self, port: usize, conn: ConnId) -> Option<(u16, u16)> {

@@ -32,7 +32,11 @@ impl<V: Verbs> Lent<'_, V> {
     pub(super) fn run_timers_and_parked(&mut self, now: u64) -> bool {
         let mut busy = false;
         let was_pending = core::mem::replace(&mut self.server.pending, false);
-        for index in 0..self.server.paths.len() {
+        // The paths that are not free, in index order (a path freed on the
+        // way drops out of the list; the walk goes on above it).
+        let mut from = 0;
+        while let Some(index) = self.server.next_live_path(from) {
+            from = index + 1;
             let path = index as u16;
             match self.server.paths[index].state {
                 PathState::Connected => {
