@@ -84,6 +84,8 @@ macro_rules! log {
     };
 }
 
+#[cfg(feature = "std")]
+pub mod admin;
 pub mod boot;
 mod capacity;
 mod engine;
@@ -97,6 +99,9 @@ pub mod ibv;
 mod icmp;
 mod io;
 mod io_state;
+mod latency;
+mod metrics;
+mod metrics_sessions;
 mod port;
 mod sessions;
 mod stats;
@@ -108,6 +113,8 @@ pub use capacity::{
 pub use engine::{Engine, EngineHca, HcaEngine, Transmit};
 pub use error::BuildError;
 pub use icmp::icmp_echo_reply;
+pub use latency::{LatencyHistogram, LATENCY_BOUNDS_NS};
+pub use metrics::{FixedText, Refusals, ThinGauges};
 pub use port::Port;
 pub use stats::StatsReport;
 pub use volumes::{ram_volume, volume_info, Chunk, RamOr, RamVolume, VolumeCounters, RAM_QUEUE};
