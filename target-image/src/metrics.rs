@@ -300,3 +300,45 @@ impl<P: Port, D: BlockDevice<Chunk>> Engine<'_, P, D> {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use alloc::string::{String, ToString};
+
+    #[test]
+    fn label_values_are_escaped_and_seconds_are_exact() {
+        assert_eq!(
+            Label("a\"b\\c\nd").to_string(),
+            "a\\\"b\\\\c\\nd",
+            "quote, backslash and newline escaped"
+        );
+        assert_eq!(Label("plain-1.x").to_string(), "plain-1.x");
+        for (ns, text) in [
+            (10_000, "0.00001"),
+            (2_500_000, "0.0025"),
+            (1_000_000_000, "1"),
+            (1_500_000_001, "1.500000001"),
+            (0, "0"),
+        ] {
+            assert_eq!(Seconds(ns).to_string(), text);
+        }
+    }
+
+    #[test]
+    fn fixed_text_refuses_what_does_not_fit_and_never_grows() {
+        let mut text = FixedText::with_capacity(8);
+        assert!(text.write_str("12345").is_ok());
+        assert!(text.write_str("6789").is_err());
+        assert!(text.overflowed());
+        assert_eq!((text.as_bytes(), text.capacity()), (&b"12345"[..], 8));
+        text.clear();
+        assert!(!text.overflowed() && text.as_bytes().is_empty());
+        let mut out = String::new();
+        family(&mut out, "brick_x_total", "counter", "X.").unwrap();
+        assert_eq!(
+            out,
+            "# HELP brick_x_total X.\n# TYPE brick_x_total counter\n"
+        );
+    }
+}
