@@ -59,7 +59,11 @@
 //! [`RamOr`], [`volume_info`], the chunk memory devices reach), `capacity`
 //! (what the manifest's limits make every table hold: [`server_config`],
 //! [`arena_bytes`], [`hca_capacity`], [`max_requests`]), `stats`
-//! ([`StatsReport`]), `icmp` (echo replies) and `error` ([`BuildError`]).
+//! ([`StatsReport`]), `latency` (per-volume histograms, [`LatencyHistogram`]),
+//! `metrics` and `metrics_sessions` ([`Engine::write_metrics`]: the
+//! Prometheus text format), `admin` (hosted: the snapshot exchange with the
+//! admin thread, docs/ADMIN.md), `icmp` (echo replies) and `error`
+//! ([`BuildError`]).
 //!
 //! # Limits of this version
 //!
