@@ -69,7 +69,8 @@ impl fmt::Display for Admin {
     }
 }
 
-/// The ADMIN record of `admin`.
+/// The ADMIN record of `admin` (the writer's, std).
+#[cfg(feature = "std")]
 pub(super) fn encode(admin: &Admin) -> [u8; ADMIN_RECORD_LEN as usize] {
     let mut r = [0u8; ADMIN_RECORD_LEN as usize];
     r[0..4].copy_from_slice(&admin.address.ip().octets());
