@@ -7,6 +7,7 @@
 //! brick manifest build FILE.toml -o FILE.bin
 //! brick manifest flash DISK FILE.toml | show DISK
 //! brick image build --manifest FILE.toml -o DISK.img [--loader FILE.efi] [--kernel ELF]
+//! brick target status --admin ADDR [--json] | extents --admin ADDR --volume V [--json]
 //! brick status [--json] | list [--json] | map NAME --session S --device-path P --path A... | unmap NAME [--force]
 //! ```
 //!
@@ -17,7 +18,8 @@
 //! IOPS, MB/s and latency percentiles ([`histogram`]). `manifest` compiles
 //! and checks boot manifests ([`manifest_cmd`]) and flashes them onto a
 //! boot disk that `image build` wrote ([`disk_image`]). `status`, `list`, `map` and
-//! `unmap` are requests to the running `brick-initiatord` ([`daemon_cmd`]).
+//! `unmap` are requests to the running `brick-initiatord` ([`daemon_cmd`]); `target`
+//! reads a `brick-target`'s admin endpoint ([`target_cmd`]).
 //!
 //! Exit status: 0 success, 1 failure (the message on stderr says which
 //! step, what was expected and what was found), 2 bad usage, 3 data that is
@@ -40,6 +42,7 @@ mod pattern;
 mod progress;
 mod scale;
 mod size;
+mod target_cmd;
 
 use std::process::ExitCode;
 
@@ -94,6 +97,10 @@ enum Command {
     /// the UEFI loader, the image and the manifest).
     #[command(subcommand)]
     Image(ImageCommand),
+    /// Read a running brick-target's admin endpoint: its metrics, a thin
+    /// volume's extents.
+    #[command(subcommand)]
+    Target(target_cmd::TargetCommand),
     /// Show the volumes brick-initiatord keeps mapped, with their paths.
     Status(daemon_cmd::StatusArgs),
     /// List the volumes brick-initiatord keeps mapped and where each comes
@@ -127,6 +134,7 @@ fn main() -> ExitCode {
         Command::Scale(args) => scale::run(args),
         Command::Manifest(command) => manifest_cmd::run(command),
         Command::Image(ImageCommand::Build(args)) => disk_image::build(args),
+        Command::Target(command) => target_cmd::run(command),
         Command::Status(args) => daemon_cmd::status(args),
         Command::List(args) => daemon_cmd::list(args),
         Command::Map(args) => daemon_cmd::map(args),

@@ -160,6 +160,10 @@ fn check(file: &Path, canonical: bool) -> Result<()> {
             rule.sessions, rule.mode
         );
     }
+    match m.admin() {
+        Some(admin) => println!("admin       http://{admin} (hosted target)"),
+        None => println!("admin       none"),
+    }
     let limits = m.limits();
     println!(
         "limits      {} sessions, {} paths/session, {} connections/path, queue depth {}, chunk {} (IOs up to {} unsplit)",

@@ -17,8 +17,10 @@
 use core::fmt;
 use core::net::Ipv4Addr;
 
+mod admin;
 mod pools;
 
+pub use admin::{Admin, ADMIN_VERSION, MAX_ADMIN_SOURCES};
 pub use pools::{Pool, PoolBacking, POOLS_VERSION};
 
 use crate::types::{
@@ -84,9 +86,11 @@ pub mod section {
     pub const STRINGS: u16 = 7;
     /// Thin pools (format version 4).
     pub const POOLS: u16 = 8;
-    /// Every section, in the order the writer emits them (POOLS from
-    /// version 4 only).
-    pub const ALL: [u16; 8] = [
+    /// The admin endpoint (format version 4; 0 or 1 record).
+    pub const ADMIN: u16 = 9;
+    /// Every section, in the order the writer emits them (POOLS and ADMIN
+    /// from version 4 only).
+    pub const ALL: [u16; 9] = [
         TARGET,
         LIMITS,
         INTERFACES,
@@ -95,6 +99,7 @@ pub mod section {
         ACCESS_RULES,
         ACCESS_VOLUMES,
         STRINGS,
+        ADMIN,
     ];
 
     /// The record length of a section in the current format, `None` for
@@ -116,6 +121,7 @@ pub mod section {
             ACCESS_VOLUMES => 2,
             STRINGS => 1,
             POOLS if version >= super::pools::POOLS_VERSION => super::pools::POOL_RECORD_LEN,
+            ADMIN if version >= super::admin::ADMIN_VERSION => super::admin::ADMIN_RECORD_LEN,
             _ => return None,
         })
     }
@@ -131,6 +137,7 @@ pub mod section {
             ACCESS_VOLUMES => "access volume list",
             STRINGS => "strings",
             POOLS => "pools",
+            ADMIN => "admin",
             _ => "unknown",
         }
     }
@@ -325,6 +332,8 @@ pub enum ReadError {
     RamOverflow,
     /// The target's listen port is 0.
     BadPort,
+    /// The admin record is not valid (what is wrong).
+    BadAdmin(&'static str),
 }
 
 impl fmt::Display for ReadError {
@@ -433,6 +442,7 @@ impl fmt::Display for ReadError {
             BadLimits(e) => write!(f, "limits: {e}"),
             RamOverflow => f.write_str("RAM volume sizes overflow 64 bits"),
             BadPort => f.write_str("target port 0 is not a listen port"),
+            BadAdmin(reason) => write!(f, "admin endpoint: {reason}"),
         }
     }
 }
@@ -706,6 +716,7 @@ pub struct Manifest<'a> {
     strings: Span,
     /// Empty before format version 4.
     pools: Span,
+    admin: Span,
 }
 
 fn read_u16(bytes: &[u8], range: core::ops::Range<usize>) -> u16 {
@@ -796,7 +807,7 @@ impl<'a> Manifest<'a> {
         let table = bytes
             .get(HEADER_LEN..table_end)
             .ok_or(ReadError::SectionOutOfBounds("section table"))?;
-        let mut spans: [Option<Span>; 8] = [None; 8];
+        let mut spans: [Option<Span>; 9] = [None; 9];
         for entry in table.chunks_exact(SECTION_ENTRY_LEN) {
             let entry = Record(entry);
             let id = entry.u16(0);
@@ -846,6 +857,11 @@ impl<'a> Manifest<'a> {
             strings: get(section::STRINGS)?,
             pools: if version >= pools::POOLS_VERSION {
                 get(section::POOLS)?
+            } else {
+                Span::default()
+            },
+            admin: if version >= admin::ADMIN_VERSION {
+                get(section::ADMIN)?
             } else {
                 Span::default()
             },
@@ -945,6 +961,7 @@ impl<'a> Manifest<'a> {
             }
         }
         self.check_pools()?;
+        self.check_admin()?;
         let mut ram: u64 = 0;
         for i in 0..self.volumes.count {
             let volume = self.decode_volume(i)?;
@@ -1625,6 +1642,17 @@ mod writer {
         sections.push((section::ACCESS_RULES, rules));
         sections.push((section::ACCESS_VOLUMES, rule_volumes));
         sections.push((section::STRINGS, strings.bytes));
+        if version >= ADMIN_VERSION {
+            let admin = config.admin.as_ref().map(admin::encode);
+            sections.push((section::ADMIN, admin.map_or(Vec::new(), |r| r.to_vec())));
+        } else if config.admin.is_some() {
+            return Err(ReadError::BadCount {
+                section: section::name(section::ADMIN),
+                count: 1,
+                min: 0,
+                max: 0,
+            });
+        }
 
         let mut blob = vec![0u8; HEADER_LEN + sections.len() * SECTION_ENTRY_LEN];
         blob[field::MAGIC].copy_from_slice(&MAGIC);

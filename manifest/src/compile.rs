@@ -17,6 +17,7 @@ use std::path::Path;
 use serde::Deserialize;
 use toml::Spanned;
 
+mod admin;
 mod pools;
 
 use crate::config::{AccessRule, Backing, Config, Interface, Target, Volume, VolumeSet};
@@ -144,6 +145,7 @@ struct RawManifest {
     pools: Option<Spanned<Vec<Spanned<pools::RawPool>>>>,
     volumes: Option<Spanned<Vec<Spanned<RawVolume>>>>,
     access: Option<Spanned<Vec<Spanned<RawAccess>>>>,
+    admin: Option<Spanned<admin::RawAdmin>>,
 }
 
 #[derive(Deserialize)]
@@ -353,7 +355,9 @@ impl Compiler<'_> {
         let volumes = self.volumes(raw.volumes.as_ref(), &pools)?;
         self.check_pool_users(raw.pools.as_ref(), &pools, &volumes)?;
         let access = self.access(raw.access.as_ref(), &volumes)?;
+        let admin = self.admin(raw.admin.as_ref())?;
         Ok(Config {
+            admin,
             target,
             interfaces,
             pools,

@@ -28,6 +28,8 @@ pub struct Config {
     pub access: Vec<AccessRule>,
     /// Sessions, connections and chunk geometry.
     pub limits: Limits,
+    /// The admin endpoint (hosted target), if any.
+    pub admin: Option<binary::Admin>,
 }
 
 /// Target identity and switches.
@@ -288,6 +290,7 @@ impl Config {
                 .collect(),
             volumes,
             limits: manifest.limits(),
+            admin: manifest.admin(),
         }
     }
 }
@@ -424,6 +427,15 @@ impl fmt::Display for Config {
                 }
             }
             writeln!(f, "mode = \"{}\"", r.mode)?;
+        }
+        if let Some(admin) = &self.admin {
+            let sources: Vec<String> = admin.sources().iter().map(|s| format!("\"{s}\"")).collect();
+            writeln!(
+                f,
+                "\n[admin]\naddress = \"{}\"\nsources = [{}]",
+                admin.address,
+                sources.join(", ")
+            )?;
         }
         Ok(())
     }

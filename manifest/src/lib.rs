@@ -113,6 +113,10 @@
 //! source = "10.77.0.0/24"         # optional client network (bare address = /32)
 //! volumes = "*"                   # "*" or ["vol0", "vol1"]
 //! mode = "rw"                     # "ro" | "rw" (rw also permits MIGRATION opens)
+//!
+//! [admin]                         # optional (format 4): the hosted target's HTTP
+//! address = "127.0.0.1:9100"      # endpoint (GET /metrics, /volumes/NAME/extents,
+//! sources = ["127.0.0.1"]         # docs/ADMIN.md); 1..=8 networks allowed to connect
 //! ```
 //!
 //! Unknown keys are errors everywhere, as are keys that do not belong to a
@@ -157,6 +161,7 @@
 //! | 6 | ACCESS_VOLUMES | 2 | volume index u16 |
 //! | 7 | STRINGS | 1 | string bytes |
 //! | 8 | POOLS (0..=16; version 4 and up, required there) | 32 | 0 name ref · 8 path ref · 16 size u64 (0 = whole file/device) · 24 kind u8 (2 file, 3 block) · 25 reserved\[7\] |
+//! | 9 | ADMIN (0..=1; version 4 and up, required there) | 72 | 0 ipv4\[4\] · 4 port u16 (nonzero) · 6 source count u8 (1..=8) · 7 reserved u8 · 8 sources: 8 × (ipv4\[4\] · prefix u8 · reserved\[3\]), unused ones zero |
 //!
 //! The reader checks, in order: length, magic, version, `total_len` equal
 //! to the blob length, checksum, reserved fields, the section table (known
@@ -176,8 +181,10 @@
 //! version, so rebuild `m.bin` from `m.toml` after an upgrade. Version 2
 //! added the `nvme` volume kind and its namespace field; a version-1 blob
 //! reads as before. Version 4 added the POOLS section and the `thin`
-//! volume kind; older blobs read with no pools, and writing an older
-//! version of a config with pools is refused. Version 3 lengthened the LIMITS record to 28 bytes
+//! volume kind, and the ADMIN section (the hosted target's admin
+//! endpoint); older blobs read with no pools and no admin endpoint, and
+//! writing an older version of a config with pools or an admin endpoint
+//! is refused. Version 3 lengthened the LIMITS record to 28 bytes
 //! (half-open limits, setup timeout); a version 1 or 2 blob reads with
 //! their defaults, and `Config::to_binary_version` still writes the older
 //! formats for an older image. A blob newer than the reader says so

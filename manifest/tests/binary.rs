@@ -477,6 +477,19 @@ fn arb_config() -> impl Strategy<Value = Config> {
                     Vec::new()
                 };
                 Config {
+                    admin: uuid.map(|u| {
+                        manifest::binary::Admin::new(
+                            std::net::SocketAddrV4::new(
+                                Ipv4Addr::new(127, 0, 0, u[0]),
+                                9100 + u16::from(u[1]),
+                            ),
+                            &[Ipv4Cidr {
+                                address: Ipv4Addr::new(10, u[2], 0, 0),
+                                prefix: u[3] % 33,
+                            }],
+                        )
+                        .expect("one source")
+                    }),
                     pools,
                     target: Target {
                         name: "t".into(),

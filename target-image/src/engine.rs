@@ -117,6 +117,8 @@ pub struct Engine<'m, P: Port, D: BlockDevice<Chunk> = RamVolume> {
     pub(crate) answered: u64,
     /// Devices may transfer straight to and from the arenas.
     pub(crate) identity_dma: bool,
+    /// RNBD requests refused, by reason.
+    pub(crate) refusals: crate::metrics::Refusals,
 }
 
 impl<'m, K: KeySource> Engine<'m, EngineHca<K>, RamVolume> {
@@ -274,6 +276,7 @@ impl<'m, P: Port, D: BlockDevice<Chunk>> Engine<'m, P, D> {
                 device,
                 parked: ParkedQueue::default(),
                 counters: VolumeCounters::default(),
+                latency: crate::LatencyHistogram::default(),
             });
         }
         let interfaces = manifest
@@ -304,6 +307,7 @@ impl<'m, P: Port, D: BlockDevice<Chunk>> Engine<'m, P, D> {
             logger: None,
             answered: 0,
             identity_dma: false,
+            refusals: crate::metrics::Refusals::default(),
         })
     }
 
@@ -380,6 +384,11 @@ impl<'m, P: Port, D: BlockDevice<Chunk>> Engine<'m, P, D> {
     /// Volume `index`'s device (tests, statistics).
     pub fn volume(&self, index: usize) -> Option<&D> {
         self.volumes.get(index).map(|v| &v.device)
+    }
+
+    /// Volume `index`'s latency histogram (received to answered).
+    pub fn volume_latency(&self, index: usize) -> Option<&crate::LatencyHistogram> {
+        self.volumes.get(index).map(|v| &v.latency)
     }
 
     /// Volume `index`'s engine counters.

@@ -122,6 +122,7 @@ impl<'m, P: Port, D: BlockDevice<Chunk>> Engine<'m, P, D> {
             }
             Action::Refuse(error) => {
                 let errno = rnbd::server::status_for(&error);
+                self.refusals.count(&error);
                 // Disjoint fields: no copy of the name on the IO path.
                 log!(
                     self,
@@ -149,7 +150,7 @@ impl<'m, P: Port, D: BlockDevice<Chunk>> Engine<'m, P, D> {
                     BlockOp::WriteZeroes { offset, len } => Op::WriteZeroes { offset, len },
                 };
                 let volume = request.volume.index();
-                match self.ios.receive(session, token, ticket, volume, op) {
+                match self.ios.receive(session, token, ticket, volume, op, now) {
                     Ok(slot) => {
                         self.sessions[index].in_flight += 1;
                         self.submit(slot, now);
@@ -291,6 +292,9 @@ impl<'m, P: Port, D: BlockDevice<Chunk>> Engine<'m, P, D> {
             log!(self, "volume completion for unknown request {tag}");
             return;
         };
+        if let Some(served) = self.volumes.get_mut(io.volume) {
+            served.latency.record(now.saturating_sub(io.received_at));
+        }
         let Some(index) = self.session_index(io.session) else {
             // The session entry outlives its requests (see `reap`).
             return;

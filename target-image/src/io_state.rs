@@ -42,6 +42,9 @@ pub(crate) struct Io<T = IoTicket> {
     pub(crate) volume: usize,
     /// The request the device gets.
     pub(crate) request: DeviceRequest<Chunk>,
+    /// When it was received (the engine's clock, ns): its latency runs
+    /// from here to its answer.
+    pub(crate) received_at: u64,
 }
 
 /// Where one slot's request is (see the module docs).
@@ -106,7 +109,7 @@ impl<T> IoSlots<T> {
     }
 
     /// `Free -> Received`: takes a slot for `op` of the request `token` on
-    /// `volume`; the ticket comes back if every slot is taken (the table
+    /// `volume`, received at `now`; the ticket comes back if every slot is taken (the table
     /// has one for every chunk the engine can hold, so none is).
     pub(crate) fn receive(
         &mut self,
@@ -115,6 +118,7 @@ impl<T> IoSlots<T> {
         ticket: T,
         volume: usize,
         op: Op<Chunk>,
+        now: u64,
     ) -> Result<u32, T> {
         let Some(slot) = self.free.pop() else {
             return Err(ticket);
@@ -128,6 +132,7 @@ impl<T> IoSlots<T> {
                 tag: u64::from(slot),
                 op,
             },
+            received_at: now,
         });
         Ok(slot)
     }
@@ -251,13 +256,22 @@ mod tests {
     fn a_request_goes_received_parked_executing_free_and_the_fifo_keeps_order() {
         let mut slots: IoSlots<u32> = IoSlots::new(3);
         let mut queue = ParkedQueue::default();
-        let a = slots.receive(SESSION, token(0), 10, 0, Op::Flush).unwrap();
-        let b = slots.receive(SESSION, token(1), 11, 0, Op::Flush).unwrap();
-        let c = slots.receive(SESSION, token(2), 12, 0, Op::Flush).unwrap();
+        let a = slots
+            .receive(SESSION, token(0), 10, 0, Op::Flush, 0)
+            .unwrap();
+        let b = slots
+            .receive(SESSION, token(1), 11, 0, Op::Flush, 0)
+            .unwrap();
+        let c = slots
+            .receive(SESSION, token(2), 12, 0, Op::Flush, 0)
+            .unwrap();
         assert_eq!([a, b, c], [0, 1, 2], "tags are slot indices, lowest first");
         assert_eq!(slots.in_use(), 3);
         // Full: the ticket comes back.
-        assert_eq!(slots.receive(SESSION, token(3), 13, 0, Op::Flush), Err(13));
+        assert_eq!(
+            slots.receive(SESSION, token(3), 13, 0, Op::Flush, 0),
+            Err(13)
+        );
         // `a` runs, `b` and `c` park in order.
         slots.execute(a);
         slots.park(b, &mut queue);
@@ -285,7 +299,9 @@ mod tests {
         assert_eq!(slots.in_use(), 0);
         assert!(slots.finish(99).is_none() && slots.finish(u64::MAX).is_none());
         // The queue is reusable after emptying.
-        let d = slots.receive(SESSION, token(4), 14, 0, Op::Flush).unwrap();
+        let d = slots
+            .receive(SESSION, token(4), 14, 0, Op::Flush, 0)
+            .unwrap();
         slots.park(d, &mut queue);
         assert_eq!((queue.len(), queue.front()), (1, Some(d)));
     }

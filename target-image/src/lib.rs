@@ -59,7 +59,11 @@
 //! [`RamOr`], [`volume_info`], the chunk memory devices reach), `capacity`
 //! (what the manifest's limits make every table hold: [`server_config`],
 //! [`arena_bytes`], [`hca_capacity`], [`max_requests`]), `stats`
-//! ([`StatsReport`]), `icmp` (echo replies) and `error` ([`BuildError`]).
+//! ([`StatsReport`]), `latency` (per-volume histograms, [`LatencyHistogram`]),
+//! `metrics` and `metrics_sessions` ([`Engine::write_metrics`]: the
+//! Prometheus text format), `admin` (hosted: the snapshot exchange with the
+//! admin thread, docs/ADMIN.md), `icmp` (echo replies) and `error`
+//! ([`BuildError`]).
 //!
 //! # Limits of this version
 //!
@@ -84,6 +88,8 @@ macro_rules! log {
     };
 }
 
+#[cfg(feature = "std")]
+pub mod admin;
 pub mod boot;
 mod capacity;
 mod engine;
@@ -97,6 +103,9 @@ pub mod ibv;
 mod icmp;
 mod io;
 mod io_state;
+mod latency;
+mod metrics;
+mod metrics_sessions;
 mod port;
 mod sessions;
 mod stats;
@@ -108,6 +117,8 @@ pub use capacity::{
 pub use engine::{Engine, EngineHca, HcaEngine, Transmit};
 pub use error::BuildError;
 pub use icmp::icmp_echo_reply;
+pub use latency::{LatencyHistogram, LATENCY_BOUNDS_NS};
+pub use metrics::{FixedText, Refusals, ThinGauges};
 pub use port::Port;
 pub use stats::StatsReport;
 pub use volumes::{ram_volume, volume_info, Chunk, RamOr, RamVolume, VolumeCounters, RAM_QUEUE};

@@ -34,6 +34,13 @@ pub trait Port: Verbs {
     /// # Errors
     /// The formatter's.
     fn write_counters(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result;
+
+    /// The device's counters for the metrics endpoint, one call of
+    /// `f(name, help, value)` each: the metric is
+    /// `brick_interface_{name}_total` (monotonic). The default has none.
+    fn for_each_counter(&self, f: &mut dyn FnMut(&'static str, &'static str, u64)) {
+        let _ = f;
+    }
 }
 
 impl<K: KeySource> Port for EngineHca<K> {
@@ -72,5 +79,64 @@ impl<K: KeySource> Port for EngineHca<K> {
             c.drop_bad_checksum,
             c.drop_out_of_sequence
         )
+    }
+
+    fn for_each_counter(&self, f: &mut dyn FnMut(&'static str, &'static str, u64)) {
+        let c = self.counters();
+        f(
+            "frames_received",
+            "Frames (or datagrams) received.",
+            c.frames_in,
+        );
+        f("frames_sent", "Frames (or datagrams) sent.", c.frames_out);
+        f(
+            "drops_malformed",
+            "Frames dropped: did not parse.",
+            c.drop_malformed,
+        );
+        f(
+            "drops_checksum",
+            "Frames dropped: bad ICRC or IPv4 checksum.",
+            c.drop_bad_checksum,
+        );
+        f(
+            "drops_address",
+            "Frames dropped: not for our address or not from the QP's peer.",
+            c.drop_bad_address,
+        );
+        f(
+            "drops_unknown_qp",
+            "Frames dropped: no such QP, or not ready.",
+            c.drop_unknown_qpn,
+        );
+        f(
+            "drops_out_of_sequence",
+            "Frames dropped by a responder after its NAK.",
+            c.drop_out_of_sequence,
+        );
+        f("duplicates", "Duplicate requests seen.", c.duplicates);
+        f(
+            "retransmissions",
+            "Packets sent again (go-back-N).",
+            c.retransmissions,
+        );
+        f("timeouts", "Retransmission timer expiries.", c.timeouts);
+        f("naks_sent", "NAKs sent (RNR excluded).", c.naks_sent);
+        f(
+            "naks_received",
+            "NAKs received (RNR excluded).",
+            c.naks_received,
+        );
+        f("rnr_naks_sent", "RNR NAKs sent.", c.rnr_naks_sent);
+        f(
+            "rnr_naks_received",
+            "RNR NAKs received.",
+            c.rnr_naks_received,
+        );
+        f(
+            "cq_overflows",
+            "Completions lost to a full completion queue.",
+            c.cq_overflows,
+        );
     }
 }

@@ -185,6 +185,8 @@ pub(crate) struct Served<D> {
     /// request the engine can hold).
     pub(crate) parked: ParkedQueue,
     pub(crate) counters: VolumeCounters,
+    /// Received-to-answered time of its block requests.
+    pub(crate) latency: crate::LatencyHistogram,
 }
 
 /// The chunks of every port, as volumes reach them.

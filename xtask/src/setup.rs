@@ -81,6 +81,8 @@ fn other_packages(purpose: Purpose, abi: &str) -> Vec<String> {
                     "ovmf",
                     // `cargo xtask bench-cost` counts instructions with callgrind.
                     "valgrind",
+                    // The admin plane's test scrapes brick-target with a real Prometheus.
+                    "prometheus",
                 ]
                 .iter()
                 .map(|p| p.to_string()),

@@ -960,6 +960,9 @@ pub fn serve(
     for volume in engine.manifest().volumes() {
         log!("serving {volume}");
     }
+    if let Some(admin) = engine.manifest().admin() {
+        log!("admin endpoint {admin} not served: the image has no admin plane (hosted brick-target only)");
+    }
     let target = engine.manifest().target();
     let started = clock.now();
     log!(

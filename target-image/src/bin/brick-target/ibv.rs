@@ -70,6 +70,7 @@ pub fn run(manifest: Manifest<'_>, links: &[IbvLink]) -> Result<(), String> {
     for volume in engine.manifest().volumes() {
         eprintln!("brick-target: serving {volume}");
     }
+    let admin = super::open_admin(engine.manifest())?;
     signals::install().map_err(|e| format!("signals: {e}"))?;
 
     let clock = MonotonicClock::new();
@@ -83,7 +84,8 @@ pub fn run(manifest: Manifest<'_>, links: &[IbvLink]) -> Result<(), String> {
             let _ = engine.poll(now, &mut sink);
             break;
         }
-        let mut busy = engine.poll(now, &mut sink);
+        let asked = admin.as_ref().is_some_and(|admin| admin.serve(&engine));
+        let mut busy = engine.poll(now, &mut sink) || asked;
         for repeater in &mut arp {
             busy |= repeater.poll(now);
         }
@@ -119,6 +121,9 @@ pub fn run(manifest: Manifest<'_>, links: &[IbvLink]) -> Result<(), String> {
             }
             for fd in engine.volume_fds() {
                 idle.watch_readable(fd);
+            }
+            if let Some(admin) = &admin {
+                idle.watch_readable(admin.fd());
             }
             idle.wait(wake).map_err(|e| format!("ppoll: {e}"))?;
         }

@@ -18,12 +18,16 @@
 //! until the engine's next deadline — it never spins while idle. Volumes
 //! are RAM, files and block devices (`target_image::hosted`). Logs what it
 //! serves and every refusal to stderr, one line each; prints statistics on
-//! SIGUSR1 and on exit; SIGINT/SIGTERM close every path and stop.
+//! SIGUSR1 and on exit; SIGINT/SIGTERM close every path and stop. With
+//! an `[admin]` endpoint in the manifest, a thread serves `/metrics` and
+//! extent lists over HTTP (`admin.rs`): the loop answers its snapshot
+//! requests once per turn (`target_image::admin`).
 //!
 //! No unsafe here: signals are `hal::hosted::signals`.
 
 #![deny(unsafe_code)]
 
+mod admin;
 mod ibv;
 
 use std::path::PathBuf;
@@ -38,6 +42,7 @@ use hal::hosted::{signals, Link, LinkSpec, MonotonicClock, OsRng, Packet, PollId
 use hal::{Clock, DatagramNic, Rng};
 use manifest::binary::Manifest;
 use roce::hca::LinkMode;
+use target_image::admin::{admin_exchange, snapshot_capacity, AdminEngine};
 use target_image::{hosted, Engine, Transmit};
 use verbs::KeySource;
 use verbs_ibv::IbvLink;
@@ -194,6 +199,7 @@ fn run(args: Args) -> Result<(), String> {
     for volume in engine.manifest().volumes() {
         eprintln!("brick-target: serving {volume}");
     }
+    let admin = open_admin(engine.manifest())?;
     signals::install().map_err(|e| format!("signals: {e}"))?;
 
     let clock = MonotonicClock::new();
@@ -227,6 +233,9 @@ fn run(args: Args) -> Result<(), String> {
             }
         }
         busy |= engine.poll(now, &mut Sink(&mut links));
+        if let Some(admin) = &admin {
+            busy |= admin.serve(&engine);
+        }
         for link in &mut links {
             if link.has_pending_output() {
                 link.flush();
@@ -250,11 +259,26 @@ fn run(args: Args) -> Result<(), String> {
         for fd in engine.volume_fds() {
             idle.watch_readable(fd);
         }
+        if let Some(admin) = &admin {
+            idle.watch_readable(admin.fd());
+        }
         idle.wait(wake).map_err(|e| format!("ppoll: {e}"))?;
     }
     eprint!("{}", engine.stats());
     eprintln!("brick-target: stopped");
     Ok(())
+}
+
+/// Starts the admin endpoint the manifest names, if any: its thread and
+/// the engine's end of the snapshot exchange.
+fn open_admin(manifest: &Manifest<'_>) -> Result<Option<AdminEngine>, String> {
+    let Some(endpoint) = manifest.admin() else {
+        return Ok(None);
+    };
+    let (engine_end, client) =
+        admin_exchange(snapshot_capacity(manifest)).map_err(|e| format!("admin endpoint: {e}"))?;
+    admin::start(endpoint, manifest, client)?;
+    Ok(Some(engine_end))
 }
 
 /// Answers the signals once per loop turn: SIGUSR1 prints statistics;
