@@ -256,6 +256,25 @@ enum Serve {
     Brick { links: usize },
 }
 
+/// The manifest at `path` has one interface per relay and one for the
+/// probe port, if any.
+fn check_links(
+    path: &std::path::Path,
+    interfaces: usize,
+    relays: &[Relay],
+    probe: Option<&Relay>,
+) -> Result<()> {
+    if interfaces != relays.len() + usize::from(probe.is_some()) {
+        bail!(
+            "{} has {interfaces} interfaces, the bed has {} paths and {} probe port",
+            path.display(),
+            relays.len(),
+            usize::from(probe.is_some())
+        );
+    }
+    Ok(())
+}
+
 /// A Linux target VM: the rping overlay (libibverbs, librdmacm and the rxe
 /// provider), one NIC per relay at the path's target address.
 fn target_vm(name: &str, relays: &[Relay], paths: &[PathAddress], mtu: u32) -> VmConfig {
@@ -658,16 +677,7 @@ impl Target {
                     judge_manifest(relays.len(), mtu, probe.is_some(), Durable::File, &dir)?;
                 let manifest =
                     manifest::compile_file(&manifest_path).map_err(|e| anyhow::anyhow!("{e}"))?;
-                let links = relays.len() + usize::from(probe.is_some());
-                if manifest.interfaces.len() != links {
-                    bail!(
-                        "{} has {} interfaces, the bed has {} paths and {} probe port",
-                        manifest_path.display(),
-                        manifest.interfaces.len(),
-                        relays.len(),
-                        usize::from(probe.is_some())
-                    );
-                }
+                check_links(&manifest_path, manifest.interfaces.len(), relays, probe)?;
                 let mut paths = Vec::new();
                 for (i, interface) in manifest.interfaces.iter().take(relays.len()).enumerate() {
                     let expected = path_address(i);
@@ -772,16 +782,8 @@ impl Target {
         }
         let manifest =
             manifest::compile_file(&manifest_path).map_err(|e| anyhow::anyhow!("{e}"))?;
+        check_links(&manifest_path, manifest.interfaces.len(), relays, probe)?;
         let links = relays.len() + usize::from(probe.is_some());
-        if manifest.interfaces.len() != links {
-            bail!(
-                "{} has {} interfaces, the bed has {} paths and {} probe port",
-                manifest_path.display(),
-                manifest.interfaces.len(),
-                relays.len(),
-                usize::from(probe.is_some())
-            );
-        }
         let paths: Vec<PathAddress> = (0..relays.len()).map(path_address).collect();
         for (interface, path) in manifest.interfaces.iter().zip(&paths) {
             if interface.address.address.to_string() != path.target {
@@ -890,15 +892,7 @@ impl Target {
         let (config, blob, blob_path) = crate::image::compile_to_blob(&manifest_path, &dir)?;
         let manifest = manifest::binary::Manifest::parse(&blob)
             .map_err(|e| anyhow::anyhow!("{}: {e}", manifest_path.display()))?;
-        if manifest.interface_count() != relays.len() + usize::from(probe.is_some()) {
-            bail!(
-                "{} has {} interfaces, the bed has {} paths and {} probe port",
-                manifest_path.display(),
-                manifest.interface_count(),
-                relays.len(),
-                usize::from(probe.is_some())
-            );
-        }
+        check_links(&manifest_path, manifest.interface_count(), relays, probe)?;
         let mut paths = Vec::new();
         let mut nics = Vec::new();
         for ((i, interface), relay) in manifest.interfaces().enumerate().zip(relays) {
