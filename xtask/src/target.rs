@@ -203,9 +203,8 @@ impl TargetKind {
     /// Whether the client's first ARP request gets the second reply that
     /// wakes a Linux client's queued resolution, so a first map must not
     /// hang on its missed neighbour update: Brick's own stack answers twice,
-    /// and brick-target on an RDMA device repeats the kernel's answer as a
-    /// broadcast reply (`hal::hosted::ArpRepeater`). Only linux-ref's ARP is
-    /// the kernel's alone.
+    /// and so does brick-target on an RDMA device (`hal::hosted::ArpAnswerer`,
+    /// in the kernel's place). Only linux-ref's ARP is the kernel's.
     pub fn answers_arp(self) -> bool {
         self != TargetKind::LinuxReference
     }

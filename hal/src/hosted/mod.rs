@@ -11,7 +11,7 @@
 //! SIGUSR1 and SIGHUP into flags the daemons' loops read.
 
 #[allow(unsafe_code)]
-pub mod arp_repeat;
+pub mod arp_answer;
 pub mod clock;
 pub mod file;
 pub mod frame_link;
@@ -25,7 +25,7 @@ mod sys;
 pub mod udp;
 pub mod wait;
 
-pub use arp_repeat::ArpRepeater;
+pub use arp_answer::ArpAnswerer;
 pub use clock::MonotonicClock;
 pub use file::{FileConfig, FileDevice};
 pub use frame_link::{FrameEndpoint, FrameLink};

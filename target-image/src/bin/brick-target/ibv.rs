@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use hal::hosted::{signals, ArpRepeater, MonotonicClock, PollIdle};
+use hal::hosted::{signals, ArpAnswerer, MonotonicClock, PollIdle};
 use hal::Clock;
 use manifest::binary::Manifest;
 use target_image::ibv::ibv_config;
@@ -39,21 +39,27 @@ pub fn run(manifest: Manifest<'_>, links: &[IbvLink]) -> Result<(), String> {
         );
         devices.push(device);
     }
-    // The kernel answers ARP for these addresses; answering once more
-    // spares a Linux client's first map its resolution race
-    // (hal::hosted::arp_repeat).
-    let mut arp: Vec<ArpRepeater> = Vec::new();
+    // Brick answers ARP for these addresses itself, twice, as its own
+    // stack does, so a Linux client's first map does not miss the answer
+    // (hal::hosted::arp_answer).
+    let mut arp: Vec<ArpAnswerer> = Vec::new();
     for iface in manifest.interfaces() {
-        match ArpRepeater::open(iface.address.address) {
-            Ok(repeater) => arp.push(repeater),
+        match ArpAnswerer::open(iface.address.address) {
+            Ok(answerer) => {
+                eprintln!(
+                    "brick-target: interface {}: answering ARP for {} (arp_ignore 8 while serving)",
+                    iface.name, iface.address.address
+                );
+                arp.push(answerer);
+            }
             Err(e) => eprintln!(
-                "brick-target: interface {}: ARP replies not repeated ({e}); a Linux client's first map may wait for its neighbour update",
+                "brick-target: interface {}: the kernel answers ARP ({e}); a Linux client's first map may wait for its neighbour update",
                 iface.name
             ),
         }
     }
     let mut fds: Vec<i32> = devices.iter().flat_map(IbvDevice::wake_fds).collect();
-    fds.extend(arp.iter().map(ArpRepeater::fd));
+    fds.extend(arp.iter().map(ArpAnswerer::fd));
     let target = manifest.target();
     let mut engine =
         Engine::with_ports(manifest, devices, hosted::open_volume).map_err(|e| e.to_string())?;
@@ -86,8 +92,8 @@ pub fn run(manifest: Manifest<'_>, links: &[IbvLink]) -> Result<(), String> {
         }
         let asked = admin.as_ref().is_some_and(|admin| admin.serve(&engine));
         let mut busy = engine.poll(now, &mut sink) || asked;
-        for repeater in &mut arp {
-            busy |= repeater.poll(now);
+        for answerer in &mut arp {
+            busy |= answerer.poll(now);
         }
         if busy {
             last_work = now;
@@ -105,7 +111,7 @@ pub fn run(manifest: Manifest<'_>, links: &[IbvLink]) -> Result<(), String> {
         let armed = devices().all(IbvDevice::arm);
         let busy = engine.poll(now, &mut sink);
         let mut wake = engine.poll_at(now);
-        for at in arp.iter().filter_map(ArpRepeater::poll_at) {
+        for at in arp.iter().filter_map(ArpAnswerer::poll_at) {
             wake = Some(wake.map_or(at, |w| w.min(at)));
         }
         if let Some(deadline) = stop_deadline {

@@ -1,42 +1,46 @@
-//! [`ArpRepeater`]: a second ARP reply for an address the host kernel
-//! already answers for.
+//! [`ArpAnswerer`]: Brick answers ARP for an address on a host
+//! interface itself, twice, as its own stack does.
 //!
 //! A Linux client's first `rdma_resolve_ip()` sends its ARP request and
 //! only then queues itself to wait for the neighbour update; a reply that
 //! is processed in between wakes nobody, and the map waits for the next
-//! neighbour update or the 30 s resolve timeout (the software HCA answers
-//! twice for this reason, `roce/src/arp.rs`). When Brick serves through the
-//! host's RDMA device (`brick-target --link ibv:`), the kernel answers ARP
-//! with one unicast reply, which makes the client's entry REACHABLE. A
-//! second unicast reply changes nothing there, so wakes nobody; a
-//! *broadcast* reply makes the entry STALE (broadcast replies do not assert
-//! reachability) — a state change, which wakes the queued resolution — but
-//! only once the entry's lock time (1 s) has passed since the first reply,
-//! before that the client keeps the first answer unchanged. So this repeats
-//! the kernel's answer once, broadcast, [`REPEAT_DELAY_NS`] after the
-//! request: a first map that lost the race waits about a second, not 30.
-//! Standard ARP: the reply says what the kernel said.
-//!
-//! It reads ARP requests on the interface holding the address through an
-//! `AF_PACKET` datagram socket (needs `CAP_NET_RAW`), non-blocking.
+//! neighbour update or the 30 s resolve timeout. The software HCA answers
+//! a first resolution twice (`roce/src/arp.rs`): a broadcast reply at once,
+//! which makes the client's entry STALE, and a unicast reply 50 ms later,
+//! which makes it REACHABLE — two state changes, so the queued resolution
+//! is woken by the second if it missed the first. When Brick serves through
+//! the host's RDMA device (`brick-target --link ibv:`), the kernel would
+//! answer with one unicast reply, and nothing sent after it changes the
+//! client's entry again (same address, already REACHABLE): measured, 5 of
+//! 10 first maps hung. So Brick takes the answer over: it sets the
+//! interface's `arp_ignore` to 8 (the kernel does not reply) while it runs
+//! and answers on an `AF_PACKET` socket as its own stack does; the old
+//! value comes back when the answerer is dropped (a value of 8 found at
+//! start is taken for one a killed brick-target left, and 0 comes back).
+//! Needs `CAP_NET_ADMIN` and `CAP_NET_RAW` (root); without them the
+//! caller serves with the kernel's answer.
 
 use std::io;
 use std::net::Ipv4Addr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
-/// How long after the request the repeat goes out: past the client's ARP
-/// lock time (1 s, Linux `locktime`), so the broadcast reply is applied.
-pub const REPEAT_DELAY_NS: u64 = 1_100_000_000;
-/// Repeats waiting at once (more requests at once are answered by the
-/// kernel alone).
+/// How long after the broadcast reply the unicast one goes out (as the
+/// software HCA's `confirm_delay`).
+pub const CONFIRM_DELAY_NS: u64 = 50_000_000;
+/// Unicast replies waiting at once (more requesters at once get the
+/// broadcast reply only).
 const PENDING: usize = 16;
+/// `arp_ignore` 8: the kernel replies to no ARP request on the interface.
+const IGNORE_ALL: &str = "8";
 /// An ARP packet for IPv4 over Ethernet.
 const ARP_LEN: usize = 28;
 const ETH_P_ARP: u16 = 0x0806;
 
-/// Repeats the kernel's ARP replies for one address (see the module docs).
-pub struct ArpRepeater {
+/// Answers ARP for one address on a host interface (see the module docs).
+pub struct ArpAnswerer {
     socket: OwnedFd,
+    /// `/proc/sys/net/ipv4/conf/IF/arp_ignore` and the value to restore.
+    arp_ignore: (String, String),
     ifindex: i32,
     mac: [u8; 6],
     ip: Ipv4Addr,
@@ -44,14 +48,15 @@ pub struct ArpRepeater {
     pending: heapless::Vec<(u64, [u8; 6], [u8; 4]), PENDING>,
 }
 
-impl ArpRepeater {
-    /// Listens for ARP requests for `ip` on the interface that holds it.
+impl ArpAnswerer {
+    /// Takes the ARP answers for `ip` over on the interface that holds it.
     ///
     /// # Errors
-    /// No interface holds `ip` (`NotFound`), or the socket could not be
-    /// made (`PermissionDenied` without `CAP_NET_RAW`).
+    /// No interface holds `ip` (`NotFound`), the socket could not be made
+    /// (`PermissionDenied` without `CAP_NET_RAW`) or `arp_ignore` could not
+    /// be set; the kernel keeps answering then.
     pub fn open(ip: Ipv4Addr) -> io::Result<Self> {
-        let (ifindex, mac) = interface_of(ip)?;
+        let (ifindex, mac, name) = interface_of(ip)?;
         // SAFETY: plain socket(2); the result is checked and owned below.
         let fd = unsafe {
             libc::socket(
@@ -77,8 +82,17 @@ impl ArpRepeater {
         if rc < 0 {
             return Err(io::Error::last_os_error());
         }
+        let path = format!("/proc/sys/net/ipv4/conf/{name}/arp_ignore");
+        let found = std::fs::read_to_string(&path)?.trim().to_string();
+        let restore = if found == IGNORE_ALL {
+            "0".into()
+        } else {
+            found
+        };
+        std::fs::write(&path, IGNORE_ALL)?;
         Ok(Self {
             socket,
+            arp_ignore: (path, restore),
             ifindex,
             mac,
             ip,
@@ -91,14 +105,15 @@ impl ArpRepeater {
         self.socket.as_raw_fd()
     }
 
-    /// When the next repeat is due, if one waits.
+    /// When the next unicast reply is due, if one waits.
     pub fn poll_at(&self) -> Option<u64> {
         self.pending.iter().map(|&(due, _, _)| due).min()
     }
 
-    /// Reads the requests that arrived (scheduling a repeat for each new
-    /// requester of our address) and sends the repeats that are due.
-    /// Returns whether it did anything.
+    /// Reads the requests that arrived, answers each for our address with
+    /// a broadcast reply at once and a unicast one [`CONFIRM_DELAY_NS`]
+    /// later, and sends the unicast replies that are due. Returns whether
+    /// it did anything.
     pub fn poll(&mut self, now: u64) -> bool {
         let mut busy = false;
         let mut packet = [0u8; 64];
@@ -117,30 +132,44 @@ impl ArpRepeater {
             };
             busy = true;
             if let Some((mac, ip)) = request_for(&packet[..n.min(packet.len())], self.ip) {
+                self.send(mac, ip, [0xff; 6]);
                 let known = self.pending.iter().any(|&(_, m, i)| m == mac && i == ip);
                 if !known {
-                    let _ = self.pending.push((now + REPEAT_DELAY_NS, mac, ip));
+                    let _ = self.pending.push((now + CONFIRM_DELAY_NS, mac, ip));
                 }
             }
         }
         while let Some(at) = self.pending.iter().position(|&(due, _, _)| due <= now) {
             let (_, mac, ip) = self.pending.swap_remove(at);
-            let reply = reply(self.mac, self.ip.octets(), mac, ip);
-            let address = link_address(self.ifindex, [0xff; 6]);
-            // SAFETY: `reply` and `address` are valid for the sizes passed.
-            unsafe {
-                libc::sendto(
-                    self.socket.as_raw_fd(),
-                    reply.as_ptr().cast(),
-                    reply.len(),
-                    0,
-                    (&raw const address).cast(),
-                    core::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t,
-                );
-            }
+            self.send(mac, ip, mac);
             busy = true;
         }
         busy
+    }
+
+    /// Sends "our IP is at our MAC" to `to_mac`/`to_ip`, in an Ethernet
+    /// frame to `dest` (broadcast or the requester).
+    fn send(&self, to_mac: [u8; 6], to_ip: [u8; 4], dest: [u8; 6]) {
+        let reply = reply(self.mac, self.ip.octets(), to_mac, to_ip);
+        let address = link_address(self.ifindex, dest);
+        // SAFETY: `reply` and `address` are valid for the sizes passed.
+        unsafe {
+            libc::sendto(
+                self.socket.as_raw_fd(),
+                reply.as_ptr().cast(),
+                reply.len(),
+                0,
+                (&raw const address).cast(),
+                core::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t,
+            );
+        }
+    }
+}
+
+impl Drop for ArpAnswerer {
+    fn drop(&mut self) {
+        // The kernel answers again.
+        let _ = std::fs::write(&self.arp_ignore.0, &self.arp_ignore.1);
     }
 }
 
@@ -184,8 +213,8 @@ fn link_address(ifindex: i32, mac: [u8; 6]) -> libc::sockaddr_ll {
     address
 }
 
-/// The index and MAC of the interface holding `ip` (getifaddrs).
-fn interface_of(ip: Ipv4Addr) -> io::Result<(i32, [u8; 6])> {
+/// The index, MAC and name of the interface holding `ip` (getifaddrs).
+fn interface_of(ip: Ipv4Addr) -> io::Result<(i32, [u8; 6], String)> {
     let mut list: *mut libc::ifaddrs = core::ptr::null_mut();
     // SAFETY: getifaddrs fills `list`, freed below with freeifaddrs.
     if unsafe { libc::getifaddrs(&raw mut list) } != 0 {
@@ -227,7 +256,7 @@ fn interface_of(ip: Ipv4Addr) -> io::Result<(i32, [u8; 6])> {
     links
         .into_iter()
         .find(|(n, _, _)| *n == name)
-        .map(|(_, index, mac)| (index, mac))
+        .map(|(n, index, mac)| (index, mac, n.to_string_lossy().into_owned()))
         .ok_or_else(|| {
             io::Error::new(
                 io::ErrorKind::NotFound,
