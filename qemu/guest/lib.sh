@@ -153,6 +153,19 @@ check_acked() {
     log "all $n acknowledged writes read back"
 }
 
+# --- filesystems ------------------------------------------------------------
+
+# Loads ext4 from the ext4 overlay (its modules are not in the base's
+# modules.dep: insmod in the overlay's load order; already loaded is fine).
+load_ext4() {
+    grep -qw ext4 /proc/filesystems && return 0
+    [ -f /lib/brick/ext4.modules ] || die "no ext4 overlay in this VM"
+    for m in $(cat /lib/brick/ext4.modules); do
+        insmod /lib/modules/$(uname -r)/$m 2>/dev/null
+    done
+    grep -qw ext4 /proc/filesystems || die "ext4 did not load: $(cat /lib/brick/ext4.modules | tr '\n' ' ')"
+}
+
 # Runs a command in the background; bgwait NAME collects its status.
 bg() { name=$1; shift; ( "$@" > /tmp/bg.$name.out 2>&1; echo $? > /tmp/bg.$name.rc ) & }
 bgwait() {

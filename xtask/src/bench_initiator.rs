@@ -370,6 +370,7 @@ pub fn run(args: BenchInitiatorArgs) -> Result<()> {
         config.overlays = Overlays {
             fio: false,
             rping: false,
+            ext4: false,
         };
         config.nics = vec![NicConfig {
             socket: relay.b.clone(),

@@ -163,6 +163,7 @@ pub fn suite(images: &Images, failures: &mut Vec<String>) -> Counts {
     config.overlays = Overlays {
         fio: false,
         rping: true,
+        ext4: false,
     };
     config.nics = vec![NicConfig {
         socket: relay.a.clone(),

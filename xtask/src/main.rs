@@ -24,6 +24,7 @@ mod relay;
 mod setup;
 mod suite;
 mod target;
+mod thin_case;
 mod uefi;
 mod util;
 mod vmimage;

@@ -125,6 +125,7 @@ const CASES: &[Case] = &[
     case("target_restart", Tier::Full, 1, 1500, target_restart),
     case("target_restart_timing", Tier::Full, 1, 1500, target_restart_timing),
     case("restart_durable", Tier::Full, 1, 1500, restart_durable),
+    case("thin_fstrim", Tier::Full, 1, 1500, crate::thin_case::thin_fstrim),
     case("jumbo_verify", Tier::Full, 1, 9000, jumbo_verify),
     case("first_map_repeated", Tier::Full, 1, 1500, first_map::first_map_repeated),
     case("first_map_multipath", Tier::Full, 2, 1500, first_map::first_map),
@@ -576,7 +577,7 @@ fn vm_suite(
 /// A case that does not apply to a target kind; reported as skipped, with
 /// the reason, never silently.
 #[derive(Debug)]
-struct Skip(&'static str);
+pub(crate) struct Skip(pub(crate) &'static str);
 
 impl std::fmt::Display for Skip {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -586,10 +587,10 @@ impl std::fmt::Display for Skip {
 
 impl std::error::Error for Skip {}
 
-const MINUTE: Duration = Duration::from_secs(60);
+pub(crate) const MINUTE: Duration = Duration::from_secs(60);
 
 /// `map SESSION VOLUME "PATHS"` for volume `index` over all paths.
-fn map_line(bed: &Bed, variable: &str, index: usize) -> String {
+pub(crate) fn map_line(bed: &Bed, variable: &str, index: usize) -> String {
     let volume = &bed.target.descriptor.volumes[index];
     format!(
         "{variable}=$(map s1 {} \"{}\") || exit 1\n",

@@ -38,6 +38,8 @@ pub struct Volume {
     /// Whether acknowledged writes survive a target restart (a file or
     /// block device behind it, not RAM).
     pub durable: bool,
+    /// A thin volume (its extents listed by the target's admin endpoint).
+    pub thin: bool,
 }
 
 /// An NVMe-oF export (the Linux reference target only).
@@ -73,6 +75,8 @@ pub struct TargetDescriptor {
     pub restart: Restart,
     /// The probe port, if the bed has one and the target serves it.
     pub probe: Option<ProbePort>,
+    /// The admin endpoint (`ip:port`, HTTP, docs/ADMIN.md), if it has one.
+    pub admin: Option<String>,
 }
 
 /// A target's probe port: an extra interface on its own link where
@@ -282,6 +286,7 @@ fn target_vm(name: &str, relays: &[Relay], paths: &[PathAddress], mtu: u32) -> V
     config.overlays = Overlays {
         fio: false,
         rping: true,
+        ext4: false,
     };
     config.nics = relays
         .iter()
@@ -358,6 +363,59 @@ enum Durable {
     Block,
 }
 
+/// What backs the judge's thin pool (see [`thin_volume`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ThinPool {
+    /// A file the hosted target creates (`thin-pool.img`).
+    File,
+}
+
+/// The judge's thin pool: 128 MiB, 2 MiB extents.
+const THIN_POOL_MIB: u64 = 128;
+/// The judge's thin volume: 512 MiB virtual on the 128 MiB pool
+/// (overcommitted four times, as thin pools are).
+const THIN_VOLUME_MIB: u64 = 512;
+/// Its name (and device path).
+pub const THIN_VOLUME: &str = "thin";
+/// The thin pool's file in the target's scratch directory.
+const THIN_POOL_FILE: &str = "thin-pool.img";
+
+/// The manifest text of the judge's thin pool and volume [`THIN_VOLUME`],
+/// which every session may map read-write; a fresh pool file in `dir`.
+fn thin_volume(pool: ThinPool, dir: &std::path::Path) -> String {
+    let backing = match pool {
+        ThinPool::File => {
+            let file = dir.join(THIN_POOL_FILE);
+            let _ = std::fs::remove_file(&file);
+            format!(
+                "kind = \"file\"\npath = \"{}\"\nsize = \"{THIN_POOL_MIB}MiB\"\n",
+                file.display()
+            )
+        }
+    };
+    format!(
+        "\n# Added by the judge: a thin volume on its own pool (thin_fstrim).\n\
+         [[pools]]\nname = \"judge-pool\"\n{backing}\n\
+         [[volumes]]\nname = \"{THIN_VOLUME}\"\nkind = \"thin\"\npool = \"judge-pool\"\nsize = \"{THIN_VOLUME_MIB}MiB\"\n\n\
+         [[access]]\nsessions = \"*\"\nvolumes = [\"{THIN_VOLUME}\"]\nmode = \"rw\"\n"
+    )
+}
+
+/// An `[admin]` section on a free loopback port that only loopback may
+/// reach; returns it and the address.
+fn admin_section() -> Result<(String, String)> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").context("find a free admin port")?;
+    let address = listener.local_addr()?.to_string();
+    drop(listener);
+    Ok((
+        format!(
+            "\n# Added by the judge: the admin endpoint.\n\
+             [admin]\naddress = \"{address}\"\nsources = [\"127.0.0.1\"]\n"
+        ),
+        address,
+    ))
+}
+
 /// The serial of the brick-uefi target's NVMe controller.
 const NVME_SERIAL: &str = "brick-nvme0";
 
@@ -381,6 +439,7 @@ fn judge_manifest(
     mtu: u32,
     probe: bool,
     durable: Durable,
+    thin: Option<ThinPool>,
     dir: &std::path::Path,
 ) -> Result<PathBuf> {
     let example = brick_manifest(paths);
@@ -428,6 +487,9 @@ fn judge_manifest(
     }
     if durable != Durable::None {
         text += &durable_volume;
+    }
+    if let Some(pool) = thin {
+        text += &thin_volume(pool, dir);
     }
     if probe {
         text = narrow_access(&text, paths);
@@ -649,6 +711,7 @@ impl Target {
                             device_path: d.to_string(),
                             bytes,
                             durable: false,
+                            thin: false,
                         })
                         .collect(),
                     nvme: Some(NvmeExport {
@@ -657,6 +720,7 @@ impl Target {
                     }),
                     restart: Restart::Reboot,
                     probe: None,
+                    admin: None,
                 };
                 let vm = Box::new(Vm::spawn(images, config.clone())?);
                 Ok(Target {
@@ -672,8 +736,18 @@ impl Target {
             TargetKind::BrickHosted => {
                 let binary = build_brick_target()?;
                 let dir = crate::paths::scratch("brick-target");
-                let manifest_path =
-                    judge_manifest(relays.len(), mtu, probe.is_some(), Durable::File, &dir)?;
+                let manifest_path = judge_manifest(
+                    relays.len(),
+                    mtu,
+                    probe.is_some(),
+                    Durable::File,
+                    Some(ThinPool::File),
+                    &dir,
+                )?;
+                let (admin, admin_address) = admin_section()?;
+                let mut text = std::fs::read_to_string(&manifest_path)?;
+                text += &admin;
+                std::fs::write(&manifest_path, text)?;
                 let manifest =
                     manifest::compile_file(&manifest_path).map_err(|e| anyhow::anyhow!("{e}"))?;
                 check_links(&manifest_path, manifest.interfaces.len(), relays, probe)?;
@@ -700,13 +774,14 @@ impl Target {
                     .iter()
                     .filter(|v| probe.is_none() || !PROBE_VOLUMES.contains(&v.name.as_str()))
                     .map(|v| {
-                        let (bytes, durable) = match &v.backing {
-                            manifest::config::Backing::Ram { size } => (*size, false),
+                        let (bytes, durable, thin) = match &v.backing {
+                            manifest::config::Backing::Ram { size } => (*size, false, false),
                             manifest::config::Backing::File {
                                 size: Some(size), ..
-                            } => (*size, true),
+                            } => (*size, true, false),
+                            manifest::config::Backing::Thin { size, .. } => (*size, true, true),
                             other => bail!(
-                                "volume {}: {other:?}: the judge serves RAM and sized files",
+                                "volume {}: {other:?}: the judge serves RAM, sized files and thin volumes",
                                 v.name
                             ),
                         };
@@ -714,6 +789,7 @@ impl Target {
                             device_path: v.device_path.clone(),
                             bytes,
                             durable,
+                            thin,
                         })
                     })
                     .collect::<Result<Vec<_>>>()?;
@@ -724,6 +800,7 @@ impl Target {
                     nvme: None,
                     restart: Restart::Process,
                     probe: probe.map(|_| probe_port(&manifest.limits)),
+                    admin: Some(admin_address),
                 };
                 let mut command = vec![
                     binary.display().to_string(),
@@ -766,8 +843,14 @@ impl Target {
     ) -> Result<Target> {
         let binary = build_brick_target()?;
         let dir = crate::paths::scratch("brick-verbs");
-        let manifest_path =
-            judge_manifest(relays.len(), mtu, probe.is_some(), Durable::Block, &dir)?;
+        let manifest_path = judge_manifest(
+            relays.len(),
+            mtu,
+            probe.is_some(),
+            Durable::Block,
+            None,
+            &dir,
+        )?;
         // The durable volume's disk: created empty here, kept across
         // restarts (a restart reboots the VM with the same disk).
         let disk = dir.join(DURABLE_FILE);
@@ -804,11 +887,13 @@ impl Target {
                     device_path: v.device_path.clone(),
                     bytes: *size,
                     durable: false,
+                    thin: false,
                 }),
                 manifest::config::Backing::Block { .. } => Ok(Volume {
                     device_path: v.device_path.clone(),
                     bytes: DURABLE_MIB << 20,
                     durable: true,
+                    thin: false,
                 }),
                 other => bail!(
                     "volume {}: {other:?}: brick-verbs serves RAM and its disk",
@@ -846,6 +931,7 @@ impl Target {
             nvme: None,
             restart: Restart::Reboot,
             probe: probe.map(|_| probe_port(&manifest.limits)),
+            admin: None,
         };
         let vm = Box::new(Vm::spawn(images, config.clone())?);
         Ok(Target {
@@ -876,7 +962,8 @@ impl Target {
         } else {
             Durable::VirtioBlk
         };
-        let manifest_path = judge_manifest(relays.len(), mtu, probe.is_some(), durable, &dir)?;
+        let manifest_path =
+            judge_manifest(relays.len(), mtu, probe.is_some(), durable, None, &dir)?;
         // The durable volume's disk: created empty here, kept across
         // restarts (a restart reboots QEMU with the same command).
         let disk = dir.join(DURABLE_FILE);
@@ -936,12 +1023,14 @@ impl Target {
                     device_path: v.device_path.clone(),
                     bytes: *size,
                     durable: false,
+                    thin: false,
                 }),
                 manifest::config::Backing::VirtioPci(_)
                 | manifest::config::Backing::NvmeSerial { .. } => Ok(Volume {
                     device_path: v.device_path.clone(),
                     bytes: DURABLE_MIB << 20,
                     durable: true,
+                    thin: false,
                 }),
                 other => bail!(
                     "volume {}: {other:?}: the judge's image serves RAM, virtio-blk and NVMe",
@@ -956,6 +1045,7 @@ impl Target {
             nvme: None,
             restart: Restart::Reboot,
             probe: probe.map(|_| probe_port(&config.limits)),
+            admin: None,
         };
         let command = if uefi {
             // The node's boot disk (rewritten for this bed; the durable
@@ -1272,6 +1362,7 @@ impl Bed {
         initiator_config.overlays = Overlays {
             fio: true,
             rping: true,
+            ext4: true,
         };
         initiator_config.extra_files = config.extra_files.clone();
         initiator_config.nics = relays
@@ -1397,13 +1488,13 @@ mod tests {
             (2, Durable::VirtioBlk),
         ] {
             let dir = crate::paths::scratch("probe-manifest");
-            let path = judge_manifest(paths, 1500, true, durable, &dir).unwrap();
+            let path = judge_manifest(paths, 1500, true, durable, None, &dir).unwrap();
             let config = manifest::compile_file(&path).unwrap();
             assert_eq!(config.interfaces.len(), paths + 1);
             assert_eq!(config.interfaces[paths].name, PROBE_INTERFACE);
             assert_eq!(config.limits.max_sessions, PROBE_MAX_SESSIONS);
             assert_eq!(config.limits.queue_depth, PROBE_QUEUE_DEPTH);
-            let plain = judge_manifest(paths, 1500, false, durable, &dir).unwrap();
+            let plain = judge_manifest(paths, 1500, false, durable, None, &dir).unwrap();
             let plain = manifest::compile_file(&plain).unwrap();
             let blob = config.to_binary().unwrap();
             let probed = Manifest::parse(&blob).unwrap();

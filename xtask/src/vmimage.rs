@@ -8,8 +8,8 @@
 //!   pass resolves rtrs's exported symbols for rnbd);
 //! - initramfs pieces, as uncompressed newc cpio archives that QEMU's
 //!   `-initrd` takes concatenated: `base` (busybox, the module closure, the
-//!   `rdma` tool), `fio` and `rping` overlays (big: used only when a test
-//!   needs them), and `scripts` (qemu/guest, rebuilt every time).
+//!   `rdma` tool), `fio`, `rping` and `ext4` overlays (big: used only when
+//!   a test needs them), and `scripts` (qemu/guest, rebuilt every time).
 
 use crate::paths;
 use crate::util::{self, step};
@@ -55,7 +55,20 @@ pub struct Overlays {
     pub fio: bool,
     /// rping, librdmacm/libibverbs and the rxe provider.
     pub rping: bool,
+    /// `mkfs.ext4` and the ext4 module closure ([`EXT4_MODULES_LIST`]).
+    pub ext4: bool,
 }
+
+/// The ext4 overlay's module list, in load order (dependencies first):
+/// paths under `/lib/modules/<abi>/`. The overlay's modules are not in the
+/// base's `modules.dep`, so the guest `insmod`s them in this order
+/// (`load_ext4` in qemu/guest/lib.sh).
+pub const EXT4_MODULES_LIST: &str = "/lib/brick/ext4.modules";
+
+/// What the ext4 overlay loads: the filesystem and the checksum its
+/// metadata uses (requested by name at mount, which the guest's module
+/// loader cannot resolve from the base's `modules.dep`).
+const EXT4_MODULES: &[&str] = &["crc32c_generic", "ext4"];
 
 /// Paths of the built images.
 #[derive(Clone, Debug)]
@@ -67,6 +80,7 @@ pub struct Images {
     base: PathBuf,
     fio: PathBuf,
     rping: PathBuf,
+    ext4: PathBuf,
     scripts: PathBuf,
 }
 
@@ -122,6 +136,10 @@ impl Images {
                 &rping,
             )?;
         }
+        let ext4 = dir.join("ext4.cpio");
+        if !ext4.exists() {
+            build_ext4(&abi, &kernel_root, &ext4)?;
+        }
         let scripts = dir.join("scripts.cpio");
         build_scripts(&scripts)?;
         Ok(Images {
@@ -130,6 +148,7 @@ impl Images {
             base,
             fio,
             rping,
+            ext4,
             scripts,
         })
     }
@@ -138,7 +157,13 @@ impl Images {
     pub fn describe(&self) {
         println!("kernel ABI  {}", self.abi);
         println!("kernel      {}", self.kernel.display());
-        for path in [&self.base, &self.fio, &self.rping, &self.scripts] {
+        for path in [
+            &self.base,
+            &self.fio,
+            &self.rping,
+            &self.ext4,
+            &self.scripts,
+        ] {
             let size = fs::metadata(path).map(|m| m.len()).unwrap_or(0);
             println!(
                 "initramfs   {} ({:.1} MiB)",
@@ -162,6 +187,9 @@ impl Images {
         }
         if overlays.rping {
             parts.push(self.rping.clone());
+        }
+        if overlays.ext4 {
+            parts.push(self.ext4.clone());
         }
         if !extra.is_empty() {
             let stage = out.with_extension("extra.d");
@@ -350,6 +378,65 @@ fn build_base(abi: &str, kernel_root: &Path, rnbd: &Path, out: &Path) -> Result<
     util::run(Command::new("depmod").arg("-b").arg(&stage).arg(abi)).context("depmod")?;
     make_cpio(&stage, out)?;
     fs::remove_dir_all(&stage)?;
+    Ok(())
+}
+
+/// The ext4 overlay: `mkfs.ext4` with its libraries and configuration,
+/// and the module closure of [`EXT4_MODULES`] with its load order in
+/// [`EXT4_MODULES_LIST`].
+fn build_ext4(abi: &str, kernel_root: &Path, out: &Path) -> Result<()> {
+    step("building the ext4 initramfs overlay");
+    let mkfs = Path::new("/usr/sbin/mkfs.ext4");
+    util::require_path(mkfs, "e2fsprogs")?;
+    let stage = out.with_extension("d");
+    let _ = fs::remove_dir_all(&stage);
+    fs::create_dir_all(&stage)?;
+    let conf = "/etc/mke2fs.conf";
+    let files: &[&str] = if Path::new(conf).exists() {
+        &[conf]
+    } else {
+        &[]
+    };
+    copy_with_libraries(&stage, &["/usr/sbin/mkfs.ext4"], files)?;
+    let modules_src = kernel_root.join(format!("lib/modules/{abi}"));
+    let deps = read_modules_dep(&modules_src)?;
+    let mut order = Vec::new();
+    for module in EXT4_MODULES {
+        load_order(&deps, module, &modules_src, &mut order)?;
+    }
+    for path in &order {
+        let target = stage.join(format!("lib/modules/{abi}")).join(path);
+        fs::create_dir_all(target.parent().unwrap_or(&stage))?;
+        fs::copy(modules_src.join(path), &target).with_context(|| format!("copy module {path}"))?;
+    }
+    let list = stage.join(EXT4_MODULES_LIST.trim_start_matches('/'));
+    fs::create_dir_all(list.parent().unwrap_or(&stage))?;
+    fs::write(&list, order.join("\n") + "\n")?;
+    make_cpio(&stage, out)?;
+    fs::remove_dir_all(&stage)?;
+    Ok(())
+}
+
+/// Appends `module`'s dependencies and then `module` to `order` (each
+/// once), as `modules.dep` paths.
+fn load_order(
+    deps: &HashMap<String, (String, Vec<String>)>,
+    module: &str,
+    modules: &Path,
+    order: &mut Vec<String>,
+) -> Result<()> {
+    let Some((path, module_deps)) = deps.get(&module.replace('-', "_")) else {
+        bail!(
+            "module {module} is not in {}'s modules.dep",
+            modules.display()
+        );
+    };
+    for dep in module_deps {
+        load_order(deps, &module_name(dep), modules, order)?;
+    }
+    if !order.contains(path) {
+        order.push(path.clone());
+    }
     Ok(())
 }
 
