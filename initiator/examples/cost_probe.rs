@@ -13,12 +13,15 @@
 //! with the same warm-up (xtask/src/bench_cost.rs).
 //!
 //! ```text
-//! cost_probe read|write|idle BYTES WARMUP IOS [DEPTH [image|default]]
+//! cost_probe read|write|idle BYTES WARMUP IOS [DEPTH [image|default [invalidate|keep]]]
 //! ```
 //!
 //! The target's tables are sized from its manifest's `[limits]`: `image`
 //! (the default) takes those the judge boots the image with, `default`
 //! the manifest defaults (16 sessions of 4 paths of 65 connections).
+//! `invalidate` (the default, as the manifest's) serves with
+//! `always_invalidate` (a fresh rkey per chunk after every IO), `keep`
+//! without it.
 //!
 //! The volume is written first (so reads return data), then `WARMUP` IOs
 //! of the workload, then `IOS` measured ones, `DEPTH` in flight. Every
@@ -205,10 +208,12 @@ fn pattern(offset: u64, len: usize) -> Vec<u8> {
 
 impl Probe {
     /// The probe's target with the image's limits, or the manifest
-    /// defaults (`default_limits`).
-    fn new(default_limits: bool) -> Self {
+    /// defaults (`default_limits`); `always_invalidate` as the manifest's.
+    fn new(default_limits: bool, always_invalidate: bool) -> Self {
         let limits = if default_limits { "" } else { IMAGE_LIMITS };
-        let text = format!("[target]\nname = \"brick-cost\"\n\n{limits}{MANIFEST}");
+        let text = format!(
+            "[target]\nname = \"brick-cost\"\nalways_invalidate = {always_invalidate}\n\n{limits}{MANIFEST}"
+        );
         let blob: &'static [u8] = Box::leak(
             manifest::build(&text, "cost.toml")
                 .expect("the probe's manifest compiles")
@@ -382,7 +387,8 @@ fn check_counter() {
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let usage = "usage: cost_probe read|write|idle BYTES WARMUP IOS [DEPTH [image|default]]";
+    let usage = "usage: cost_probe read|write|idle BYTES WARMUP IOS [DEPTH [image|default \
+                 [invalidate|keep]]]";
     let number = |i: usize, default: Option<u64>| -> u64 {
         match args.get(i) {
             Some(text) => text
@@ -405,6 +411,11 @@ fn main() {
         Some("default") => true,
         Some(other) => panic!("expected image or default limits, found {other:?}; {usage}"),
     };
+    let always_invalidate = match args.get(6).map(String::as_str) {
+        None | Some("invalidate") => true,
+        Some("keep") => false,
+        Some(other) => panic!("expected invalidate or keep, found {other:?}; {usage}"),
+    };
     assert!(
         bytes % 512 == 0 && (512..=128 << 10).contains(&bytes),
         "BYTES must be a multiple of 512 up to 128 KiB, found {bytes}"
@@ -413,7 +424,7 @@ fn main() {
     std::thread::Builder::new()
         .stack_size(256 << 20)
         .spawn(move || {
-            let mut probe = Probe::new(default_limits);
+            let mut probe = Probe::new(default_limits, always_invalidate);
             let volume = probe.connect_and_open();
             // Fill the checked slots so reads return known bytes.
             probe.run_ios(volume, true, bytes, (SPAN / u64::from(bytes)).min(64), 1);
@@ -433,7 +444,8 @@ fn main() {
             }
             println!(
                 "cost-probe: kind={} bytes={bytes} depth={depth} warmup={warmup} \
-                 limits={} measured_ios={ios} allocations={} answered={}",
+                 limits={} always_invalidate={always_invalidate} measured_ios={ios} \
+                 allocations={} answered={}",
                 kind,
                 if default_limits { "default" } else { "image" },
                 TARGET_ALLOCATIONS.load(Ordering::Relaxed),

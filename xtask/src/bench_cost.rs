@@ -67,6 +67,8 @@ struct Workload {
     /// with nothing to do; "per IO" is then per turn).
     kind: &'static str,
     bytes: u32,
+    /// The target serves with `always_invalidate` (the manifest default).
+    invalidate: bool,
 }
 
 impl Workload {
@@ -80,26 +82,43 @@ const WORKLOADS: &[Workload] = &[
         name: "4 KiB read",
         kind: "read",
         bytes: 4096,
+        invalidate: true,
     },
     Workload {
         name: "4 KiB write",
         kind: "write",
         bytes: 4096,
+        invalidate: true,
     },
     Workload {
         name: "128 KiB read",
         kind: "read",
         bytes: 128 << 10,
+        invalidate: true,
     },
     Workload {
         name: "128 KiB write",
         kind: "write",
         bytes: 128 << 10,
+        invalidate: true,
+    },
+    Workload {
+        name: "4 KiB read -i",
+        kind: "read",
+        bytes: 4096,
+        invalidate: false,
+    },
+    Workload {
+        name: "4 KiB write -i",
+        kind: "write",
+        bytes: 4096,
+        invalidate: false,
     },
     Workload {
         name: "idle turn",
         kind: "idle",
         bytes: 4096,
+        invalidate: true,
     },
 ];
 
@@ -189,7 +208,12 @@ fn callgrind(
             .arg(args.warmup.to_string())
             .arg(ios.to_string())
             .arg(args.depth.to_string())
-            .arg(&args.limits),
+            .arg(&args.limits)
+            .arg(if workload.invalidate {
+                "invalidate"
+            } else {
+                "keep"
+            }),
     )?;
     let text =
         std::fs::read_to_string(out).with_context(|| format!("reading {}", out.display()))?;
@@ -219,7 +243,13 @@ fn measure(
     workload: &'static Workload,
 ) -> Result<Measured> {
     let n = args.ios;
-    let file = |ios: u64| dir.join(format!("{}-{}-{ios}.out", workload.kind, workload.bytes));
+    let file = |ios: u64| {
+        let keep = if workload.invalidate { "" } else { "-keep" };
+        dir.join(format!(
+            "{}-{}{keep}-{ios}.out",
+            workload.kind, workload.bytes
+        ))
+    };
     let (small, small_line) = callgrind(args, probe, &file(n), workload, n)?;
     let (big, big_line) = callgrind(args, probe, &file(2 * n), workload, 2 * n)?;
     let diff = big.minus(&small);
@@ -357,6 +387,7 @@ fn print_table(args: &BenchCostArgs, results: &[Measured]) {
             m.allocation_ios,
         );
     }
+    print_invalidate_cost(results);
     for m in results {
         println!(
             "\ntop {} functions of {} by self instructions per IO, beyond copy and CRC:",
@@ -375,6 +406,39 @@ fn print_table(args: &BenchCostArgs, results: &[Measured]) {
     }
 }
 
+/// The workloads measured both with and without `always_invalidate`:
+/// (name, instructions per IO with it, without it).
+fn invalidate_pairs(results: &[Measured]) -> Vec<(&'static str, f64, f64)> {
+    results
+        .iter()
+        .filter(|on| on.workload.invalidate && !on.workload.is_idle())
+        .filter_map(|on| {
+            let off = results.iter().find(|off| {
+                !off.workload.invalidate
+                    && off.workload.kind == on.workload.kind
+                    && off.workload.bytes == on.workload.bytes
+            })?;
+            Some((on.workload.name, on.total, off.total))
+        })
+        .collect()
+}
+
+/// What `always_invalidate` costs, against issue 17's goal of 3 %
+/// (rows `-i` are the same workloads without it).
+fn print_invalidate_cost(results: &[Measured]) {
+    for (name, on, off) in invalidate_pairs(results) {
+        let cost = (on - off) / off * 100.0;
+        println!(
+            "bench-cost: always_invalidate on {name}: {} instructions per IO with it, {} \
+             without (-i): {:+.1} % (goal under 3 %: {})",
+            thousands(on),
+            thousands(off),
+            cost,
+            if cost < 3.0 { "met" } else { "not met" }
+        );
+    }
+}
+
 fn json(args: &BenchCostArgs, results: &[Measured]) -> serde_json::Value {
     let workloads: Vec<serde_json::Value> = results
         .iter()
@@ -388,6 +452,7 @@ fn json(args: &BenchCostArgs, results: &[Measured]) -> serde_json::Value {
                 "workload": m.workload.name,
                 "kind": m.workload.kind,
                 "bytes": m.workload.bytes,
+                "always_invalidate": m.workload.invalidate,
                 "per_io": layers,
                 "total": m.total.round(),
                 "beyond_copy_crc": m.beyond.round(),
@@ -412,6 +477,10 @@ fn json(args: &BenchCostArgs, results: &[Measured]) -> serde_json::Value {
         "depth": args.depth,
         "limits": args.limits,
         "workloads": workloads,
+        "always_invalidate_cost": invalidate_pairs(results).iter().map(|(name, on, off)| serde_json::json!({
+            "workload": name, "with": on.round(), "without": off.round(),
+            "percent": (on - off) / off * 100.0,
+        })).collect::<Vec<_>>(),
     })
 }
 
