@@ -10,7 +10,10 @@
 //! * with the VM (default; `--no-vm` skips it): the Linux `rnbd_server`
 //!   over rdma_rxe in a VM (TCG) and the hosted Brick target, each behind
 //!   the judge's frame relay, the same initiator in front of both: there
-//!   the target is the bottleneck, which is the comparison.
+//!   the target is the bottleneck, which is the comparison;
+//! * with the VM, the bare-metal image under QEMU (TCG, the demo's
+//!   manifest) behind the same relay: the goal of issue 17 is at least 3x
+//!   Linux rnbd_server on every workload, both targets emulated alike.
 //!
 //! Beside them, the ceiling of the host's UDP loopback measured in the
 //! same run with plain sockets: a 4 KiB ping-pong between two threads
@@ -390,6 +393,19 @@ pub fn run(args: BenchInitiatorArgs) -> Result<()> {
         ));
         drop(vm);
         std::thread::sleep(Duration::from_millis(300));
+        let image = crate::image::build()?;
+        let booted = crate::demo::boot_image(&image, &dir, &relay.b)?;
+        println!("{}", booted.serving);
+        let endpoint = Endpoint {
+            name: "brick image (VM), relay",
+            connection: endpoint.connection,
+        };
+        columns.push((
+            endpoint.name,
+            run_workloads(&cli, &endpoint, "vol0", args.runtime, &dir)?,
+        ));
+        drop(booted);
+        std::thread::sleep(Duration::from_millis(300));
         step("brick-target behind the same relay");
         let _target = TargetProcess::start(
             &target_binary,
@@ -435,6 +451,24 @@ pub fn run(args: BenchInitiatorArgs) -> Result<()> {
                     String::new()
                 }
             );
+        }
+        let column = |name: &str| {
+            columns
+                .iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, s)| s[index])
+        };
+        if let (Some(image), Some(linux)) = (
+            column("brick image (VM), relay"),
+            column("linux rnbd_server (VM), relay"),
+        ) {
+            if linux.iops > 0.0 {
+                println!(
+                    "  {:<32} x{:.2} IOPS (goal: at least x3.00)",
+                    "image / linux rnbd_server",
+                    image.iops / linux.iops
+                );
+            }
         }
         // Columns 0 and 1: the UDP link and the frame link, same target.
         if let (Some((_, udp)), Some((_, frame))) = (columns.first(), columns.get(1)) {

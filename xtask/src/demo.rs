@@ -220,27 +220,36 @@ fn map_and_measure(cli: &Path, connection: &[String], from: &str, seconds: u32) 
     brick(cli, &args)
 }
 
-/// The default demo: the image under QEMU behind a relay, Brick's
-/// initiator on the relay's other side.
-fn run_image() -> Result<()> {
-    let image = crate::image::build()?;
-    let cli = crate::util::build_release_bins(&[("brick-cli", "brick")])?.remove(0);
-    let dir = crate::paths::scratch("demo-image");
+/// The image under QEMU (TCG) serving the demo manifest (vol0, 64 MiB of
+/// RAM, at [`IMAGE_TARGET`]), its NIC on `socket`, once it serves.
+pub(crate) struct BootedImage {
+    /// QEMU, its console in the log.
+    pub target: TargetProcess,
+    /// The image's "serving after" line.
+    pub serving: String,
+    /// Guest microseconds from the image's entry to its poll loop.
+    pub guest_us: Option<u64>,
+    /// Wall seconds from QEMU's start to serving.
+    pub wall: f64,
+}
+
+/// Boots the image with the demo manifest in `dir`, its virtio-net NIC on
+/// the stream socket `socket` (a relay's target side).
+pub(crate) fn boot_image(image: &Path, dir: &Path, socket: &Path) -> Result<BootedImage> {
     let manifest_path = dir.join("demo-image.toml");
     std::fs::write(&manifest_path, IMAGE_MANIFEST)?;
-    let (config, blob, blob_path) = crate::image::compile_to_blob(&manifest_path, &dir)?;
+    let (config, blob, blob_path) = crate::image::compile_to_blob(&manifest_path, dir)?;
     let interface = config
         .interfaces
         .first()
         .context("the demo manifest has no interface")?;
-    let relay = Relay::start(&dir.join("a.sock"), &dir.join("b.sock"), 0xde30, None)?;
     let memory = crate::image::guest_mib(&blob);
     let command = crate::image::qemu_command(
-        &image,
+        image,
         &blob_path,
         memory,
         &[],
-        &[(relay.b.clone(), interface.mac.0)],
+        &[(socket.to_path_buf(), interface.mac.0)],
     )?;
     step(format!(
         "booting the image under QEMU (TCG, {memory} MiB): vol0 (64 MiB of RAM) at {IMAGE_TARGET}, \
@@ -274,13 +283,33 @@ fn run_image() -> Result<()> {
         }
         std::thread::sleep(Duration::from_millis(50));
     };
-    let wall = started.elapsed().as_secs_f64();
-    println!("{serving}");
     let guest_us = serving
         .split("serving after ")
         .nth(1)
         .and_then(|rest| rest.split_whitespace().next())
         .and_then(|us| us.parse::<u64>().ok());
+    Ok(BootedImage {
+        target,
+        serving,
+        guest_us,
+        wall: started.elapsed().as_secs_f64(),
+    })
+}
+
+/// The default demo: the image under QEMU behind a relay, Brick's
+/// initiator on the relay's other side.
+fn run_image() -> Result<()> {
+    let image = crate::image::build()?;
+    let cli = crate::util::build_release_bins(&[("brick-cli", "brick")])?.remove(0);
+    let dir = crate::paths::scratch("demo-image");
+    let relay = Relay::start(&dir.join("a.sock"), &dir.join("b.sock"), 0xde30, None)?;
+    let BootedImage {
+        mut target,
+        serving,
+        guest_us,
+        wall,
+    } = boot_image(&image, &dir, &relay.b)?;
+    println!("{serving}");
     if let Some(us) = guest_us {
         println!(
             "boot to serving: {:.3} s of guest time (image entry to poll loop), \
