@@ -43,22 +43,33 @@
 //! link = "udp:127.0.0.2:4791"   # the local end of Brick's initiator
 //! ```
 //!
+//! On a client with an RDMA device (a ConnectX, or Linux's rxe) the link
+//! is the device, found by the address of its interface, and no kernel
+//! RDMA block module is needed:
+//!
+//! ```toml
+//! link = "ibv:rxe0"             # ibv:DEVICE[:PORT]
+//! local = "10.77.0.2"           # the device's interface address
+//! ```
+//!
 //! `export` is `nbd:unix:ABSOLUTE_PATH` or `nbd:tcp:IP:PORT` on a loopback
 //! address (NBD has no authentication here: the unix socket is created
 //! with the daemon's umask, so by default only its user may connect; any
 //! local process may connect over TCP). `link` is `udp:IP[:PORT]`
 //! (the target's `--link udp:` must use the same port on another
-//! address); it is required with `export` and refused without it. Two
-//! volumes cannot share an export address, a link, or (for a userspace
-//! volume) a session name. `access_mode = "ro"` makes the export
+//! address) or `ibv:DEVICE[:PORT]` with `local`; it is required with
+//! `export` and refused without it (as `local` is without an `ibv:` link).
+//! Two volumes cannot share an export address, a UDP link, or (for a
+//! userspace volume) a session name; exports may share an RDMA device. `access_mode = "ro"` makes the export
 //! read-only.
 
 use std::fmt;
-use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 
 use hal::hosted::LinkSpec;
+use initiator::hosted::SessionLink;
 use serde::Deserialize;
 use toml::Spanned;
 
@@ -266,8 +277,10 @@ impl fmt::Display for ExportAddress {
 pub struct NbdExport {
     /// Where the NBD server listens.
     pub address: ExportAddress,
-    /// The initiator's local end (a `udp:` link).
-    pub link: LinkSpec,
+    /// The initiator's local end: a `udp:` link, or an RDMA device.
+    pub link: SessionLink,
+    /// The RDMA device's interface address (`ibv:` links only).
+    pub local: Option<Ipv4Addr>,
 }
 
 /// One volume to keep mapped.
@@ -424,6 +437,7 @@ struct RawVolume {
     paths: Spanned<Vec<Spanned<String>>>,
     export: Option<Spanned<String>>,
     link: Option<Spanned<String>>,
+    local: Option<Spanned<String>>,
 }
 
 /// Why `volume` cannot join `earlier` (the volumes before it in a config,
@@ -492,9 +506,11 @@ pub fn conflict(earlier: &[Volume], volume: &Volume) -> Option<Conflict> {
                 ),
             );
         }
+        // A UDP socket is one export's; an RDMA device is shared.
+        let exclusive = matches!(export.link, SessionLink::Hosted(_));
         if let Some(first) = earlier
             .iter()
-            .find(|v| v.export.as_ref().is_some_and(|e| e.link == export.link))
+            .find(|v| exclusive && v.export.as_ref().is_some_and(|e| e.link == export.link))
         {
             return found(
                 "link",
@@ -835,29 +851,63 @@ impl Parser<'_> {
                 return Err(self.at(
                     export,
                     at("link"),
-                    "a volume with `export` needs `link = \"udp:IP[:PORT]\"` \
-                     (the local end of Brick's userspace initiator), found none",
+                    "a volume with `export` needs `link = \"udp:IP[:PORT]\"` or \
+                     `link = \"ibv:DEVICE\"` (the local end of Brick's userspace \
+                     initiator), found none",
                 ))
             }
             (Some(export), Some(link)) => (export, link),
         };
         let address =
             ExportAddress::parse(text.get_ref()).map_err(|m| self.at(text, at("export"), m))?;
-        let spec: LinkSpec = link
+        let spec: SessionLink = link
             .get_ref()
             .parse()
-            .map_err(|e: hal::hosted::LinkSpecError| self.at(link, at("link"), e.to_string()))?;
-        if !matches!(spec, LinkSpec::Udp(SocketAddr::V4(_))) {
+            .map_err(|e: String| self.at(link, at("link"), e))?;
+        let ibv = !matches!(spec, SessionLink::Hosted(_));
+        if !ibv && !matches!(spec, SessionLink::Hosted(LinkSpec::Udp(SocketAddr::V4(_)))) {
             return Err(self.at(
                 link,
                 at("link"),
                 format!(
-                    "expected an IPv4 \"udp:IP[:PORT]\" link (frame links are not \
-                     configurable here yet), found {:?}",
+                    "expected an IPv4 \"udp:IP[:PORT]\" or an \"ibv:DEVICE[:PORT]\" link \
+                     (frame links are not configurable here yet), found {:?}",
                     link.get_ref()
                 ),
             ));
         }
+        let local = match (&raw.local, ibv) {
+            (None, false) => None,
+            (Some(local), false) => {
+                return Err(self.at(
+                    local,
+                    at("local"),
+                    format!(
+                        "`local` names an RDMA device's interface address and goes with an \
+                         `ibv:` link, found link {:?}",
+                        link.get_ref()
+                    ),
+                ))
+            }
+            (None, true) => {
+                return Err(self.at(
+                    link,
+                    at("local"),
+                    format!(
+                        "link {:?} needs `local = \"IP\"`, the IPv4 address of the device's \
+                         interface (the RDMA device is found by it), found none",
+                        link.get_ref()
+                    ),
+                ))
+            }
+            (Some(local), true) => Some(local.get_ref().parse::<Ipv4Addr>().map_err(|_| {
+                self.at(
+                    local,
+                    at("local"),
+                    format!("expected an IPv4 address, found {:?}", local.get_ref()),
+                )
+            })?),
+        };
         if paths.len() > MAX_USERSPACE_PATHS {
             return Err(self.at(
                 &raw.paths,
@@ -889,6 +939,7 @@ impl Parser<'_> {
         Ok(Some(NbdExport {
             address,
             link: spec,
+            local,
         }))
     }
 }
@@ -1164,6 +1215,73 @@ link = "udp:127.0.0.3:4791"
         assert!(!db.same_settings(&kernel));
     }
 
+    /// Both exports on one RDMA device (found by its interface address):
+    /// allowed, unlike two exports on one UDP link.
+    #[cfg(feature = "ibv")]
+    #[test]
+    fn test_parse_exports_on_an_rdma_device() {
+        let text = NBD
+            .replace(
+                "link = \"udp:127.0.0.2:4791\"",
+                "link = \"ibv:rxe0\"\nlocal = \"10.77.0.2\"",
+            )
+            .replace(
+                "link = \"udp:127.0.0.3:4791\"",
+                "link = \"ibv:rxe0:1\"\nlocal = \"10.77.0.2\"",
+            );
+        let config = parse(&text, "t.toml").unwrap();
+        let export = config.volumes[0].export.as_ref().unwrap();
+        assert_eq!(export.link.to_string(), "ibv:rxe0:1");
+        assert_eq!(export.local, Some(Ipv4Addr::new(10, 77, 0, 2)));
+        assert_eq!(config.volumes[1].export.as_ref().unwrap().link, export.link);
+    }
+
+    #[cfg(feature = "ibv")]
+    #[test]
+    fn test_rdma_device_links_need_local() {
+        let cases = [
+            (
+                NBD.replace("udp:127.0.0.3:4791", "ibv:rxe0"),
+                18,
+                "volumes[1].local",
+                "needs `local = \"IP\"`",
+            ),
+            (
+                NBD.replace(
+                    "link = \"udp:127.0.0.3:4791\"",
+                    "link = \"ibv:rxe0\"\nlocal = \"10.77.0\"",
+                ),
+                19,
+                "volumes[1].local",
+                "expected an IPv4 address, found \"10.77.0\"",
+            ),
+            (
+                NBD.replace(
+                    "link = \"udp:127.0.0.3:4791\"",
+                    "link = \"udp:127.0.0.3:4791\"\nlocal = \"10.77.0.2\"",
+                ),
+                19,
+                "volumes[1].local",
+                "goes with an `ibv:` link",
+            ),
+        ];
+        for (text, line, path, needle) in cases {
+            let e = parse(&text, "t.toml").unwrap_err();
+            assert_eq!(e.line, Some(line), "{e}");
+            assert_eq!(e.path, path, "{e}");
+            assert!(e.message.contains(needle), "{needle:?} not in {e}");
+        }
+    }
+
+    /// A build without RDMA device support says so.
+    #[cfg(not(feature = "ibv"))]
+    #[test]
+    fn test_rdma_device_links_need_the_ibv_build() {
+        let e = parse(&NBD.replace("udp:127.0.0.3:4791", "ibv:rxe0"), "t.toml").unwrap_err();
+        assert_eq!(e.path, "volumes[1].link", "{e}");
+        assert!(e.message.contains("without the `ibv` feature"), "{e}");
+    }
+
     #[test]
     fn test_userspace_volume_errors_name_the_line() {
         let cases: [(String, usize, &str, &str); 12] = [
@@ -1213,7 +1331,7 @@ link = "udp:127.0.0.3:4791"
                 NBD.replace("udp:127.0.0.3:4791", "frame:connect:/tmp/a.sock"),
                 18,
                 "volumes[1].link",
-                "IPv4 \"udp:IP[:PORT]\"",
+                "IPv4 \"udp:IP[:PORT]\" or an \"ibv:DEVICE[:PORT]\" link",
             ),
             (
                 NBD.replace("udp:127.0.0.3:4791", "udp:127.0.0.2:4791"),

@@ -645,6 +645,9 @@ impl Worker {
         }
         let paths = targets(&self.volume);
         let mut spec = SessionSpec::new(&self.volume.session, self.export.link.clone(), paths);
+        if let Some(local) = self.export.local {
+            spec.local_ip = local;
+        }
         spec.connect_timeout = self.tuning.connect_timeout;
         let wanted_paths = u16::try_from(spec.paths.len()).unwrap_or(u16::MAX);
         spec.config.rtrs.max_paths = spec.config.rtrs.max_paths.max(wanted_paths);
