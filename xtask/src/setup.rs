@@ -74,6 +74,10 @@ fn other_packages(purpose: Purpose, abi: &str) -> Vec<String> {
                     "bc",
                     "linux-source-6.1",
                     "fio",
+                    // mkfs.ext4 for the thin volume's filesystem case.
+                    "e2fsprogs",
+                    // The stock NBD client for the daemon's NBD export on rxe.
+                    "nbd-client",
                     "rdmacm-utils",
                     "ibverbs-providers",
                     // UEFI firmware for the brick-uefi target and the image

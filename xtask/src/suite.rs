@@ -117,6 +117,7 @@ const CASES: &[Case] = &[
     case("nvme_connect_verify", Tier::Smoke, 1, 1500, nvme_connect_verify),
     case("rping_linux", Tier::Smoke, 1, 1500, rping_linux),
     with_rxe_cli(case("brick_initiator_rxe", Tier::Full, 1, 1500, crate::initiator_rxe::brick_initiator_rxe)),
+    with_rxe_cli(case("daemon_nbd_rxe", Tier::Full, 1, 1500, crate::initiator_rxe::daemon_nbd_rxe)),
     case("verify_4k", Tier::Full, 1, 1500, verify_4k),
     case("verify_128k", Tier::Full, 1, 1500, verify_128k),
     case("verify_mixed", Tier::Full, 1, 1500, verify_mixed),
@@ -477,7 +478,7 @@ fn vm_suite(
         }
         let mut extra_files = Vec::new();
         if case.rxe_cli {
-            match rxe_cli.get_or_insert_with(crate::initiator_rxe::cli_files) {
+            match rxe_cli.get_or_insert_with(|| crate::initiator_rxe::cli_files(images)) {
                 Ok(files) => extra_files.extend(files.iter().cloned()),
                 Err(error) => {
                     println!("vm {} {} ... FAILED (build)", kind.name(), case.name);

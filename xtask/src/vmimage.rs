@@ -153,6 +153,25 @@ impl Images {
         })
     }
 
+    /// A module of the judge kernel (its `modules.dep` path resolved), for
+    /// a VM that loads it with `insmod` (it is not in the base).
+    pub fn module(&self, name: &str) -> Result<PathBuf> {
+        let root = self
+            .kernel
+            .parent()
+            .and_then(Path::parent)
+            .context("the kernel image has no root")?
+            .join(format!("lib/modules/{}", self.abi));
+        let deps = read_modules_dep(&root)?;
+        let Some((path, module_deps)) = deps.get(&name.replace('-', "_")) else {
+            bail!("module {name} is not in {}'s modules.dep", root.display());
+        };
+        if !module_deps.is_empty() {
+            bail!("module {name} needs {module_deps:?}: load them too");
+        }
+        Ok(root.join(path))
+    }
+
     /// Prints where the images are.
     pub fn describe(&self) {
         println!("kernel ABI  {}", self.abi);
