@@ -128,6 +128,61 @@ fn every_path_of_a_session_is_checked_with_its_own_address() {
     assert_eq!(ups, [session]);
 }
 
+/// A storm of new paths from one address: its burst is set up, the rest
+/// refused with ENOMEM and counted, one more per interval afterwards; another
+/// address meanwhile connects as if nothing happened.
+#[test]
+fn new_paths_per_address_are_paced() {
+    let mut config = small_config();
+    config.max_sessions = 8;
+    config.max_paths_per_session = 4;
+    config.max_half_open = 8;
+    config.max_half_open_per_source = 8;
+    config.setup_burst = 3;
+    config.setup_interval_ns = 100_000_000;
+    let mut h = Harness::new(config);
+    let storm = Ipv4Addr::new(10, 1, 0, 1);
+    // Each path is set up and closed at once, so only the rate limits it.
+    let mut cycle = |h: &mut Harness, path: u8| {
+        let conn = h.request_from(storm, &con_req(0, 1, path, path, 1));
+        if h.was_accepted(conn) {
+            h.mock()
+                .cm_events
+                .push_back(CmEvent::Disconnected { conn });
+            h.settle();
+            h.drain();
+            None
+        } else {
+            h.reject_errno(conn)
+        }
+    };
+    for path in 1..=3 {
+        assert_eq!(cycle(&mut h, path), None, "path {path} of the burst");
+    }
+    for path in 4..=10 {
+        assert_eq!(
+            cycle(&mut h, path),
+            Some(-(errno::ENOMEM as i16)),
+            "path {path} beyond the burst"
+        );
+    }
+    assert_eq!(h.server.stats().setup_rate_refused, 7);
+    // Another address is not paced by the storm.
+    let other = Ipv4Addr::new(10, 2, 0, 1);
+    let conn = h.request_from(other, &con_req(0, 1, 20, 20, 1));
+    assert!(h.was_accepted(conn));
+    h.info_req(conn, "bystander");
+    assert!(h
+        .drain_events()
+        .iter()
+        .any(|e| matches!(e, Event::SessionOpened { .. })));
+    // One interval later the storm's address gets one more, not two.
+    h.now += 100_000_000;
+    assert_eq!(cycle(&mut h, 11), None);
+    assert_eq!(cycle(&mut h, 12), Some(-(errno::ENOMEM as i16)));
+    assert_eq!(h.server.usage().paths, 1, "only the bystander's path is left");
+}
+
 #[test]
 fn half_open_paths_are_limited_per_address_and_a_stalled_oldest_is_evicted() {
     let mut config = small_config();

@@ -45,6 +45,15 @@ pub struct ServerConfig {
     /// Most half-open paths from one client IP address; a further new path
     /// from it is refused with ENOMEM ([`ConnectRefusal::TooManyHalfOpen`](super::ConnectRefusal::TooManyHalfOpen)).
     pub max_half_open_per_source: u16,
+    /// New paths one client IP address may start at once before
+    /// [`setup_interval_ns`](Self::setup_interval_ns) paces it (module
+    /// `rate`); further ones are refused with ENOMEM
+    /// ([`ConnectRefusal::SetupRateExceeded`](super::ConnectRefusal::SetupRateExceeded)).
+    /// Default 32: a host reconnecting every path of many sessions at once.
+    pub setup_burst: u32,
+    /// One more new path per address per this many nanoseconds once the
+    /// burst is spent. Default 25 ms (40 paths a second per address).
+    pub setup_interval_ns: u64,
     /// Connection events handled per `poll`, in total over all ports.
     pub cm_budget: usize,
     /// Work completions handled per `poll`, in total over all ports.
@@ -73,6 +82,8 @@ impl ServerConfig {
             setup_timeout_ns: 5_000_000_000,
             max_half_open: 16,
             max_half_open_per_source: 4,
+            setup_burst: 32,
+            setup_interval_ns: 25_000_000,
             cm_budget: 16,
             completion_budget: 64,
             event_capacity: 1024,
@@ -124,6 +135,8 @@ impl ServerConfig {
             || self.max_half_open_per_source == 0
             || self.max_half_open_per_source > self.max_half_open
             || self.setup_timeout_ns == 0
+            || self.setup_burst == 0
+            || self.setup_interval_ns == 0
         {
             return Err(ConfigError::Limits);
         }

@@ -235,6 +235,10 @@ impl<V: Verbs> Lent<'_, V> {
             self.server.stats.half_open_refused += 1;
             return Err(ConnectRefusal::TooManyHalfOpen);
         }
+        if !self.server.setup_rate.take(source, now) {
+            self.server.stats.setup_rate_refused += 1;
+            return Err(ConnectRefusal::SetupRateExceeded);
+        }
         if half_open().count() >= usize::from(self.server.config.max_half_open) {
             // The oldest half-open path has the earliest setup deadline. It
             // makes room only once it has been in setup for a quarter of

@@ -194,6 +194,7 @@ mod connect;
 mod info;
 mod io;
 mod pool;
+mod rate;
 mod table;
 mod timers;
 mod types;
@@ -325,6 +326,8 @@ pub struct Server<V: Verbs> {
     connections: Vec<Connection>,
     events: VecDeque<Event>,
     stats: ServerStats,
+    /// Path setups per client address (module `rate`).
+    setup_rate: rate::SetupRate,
     /// Any path with parked work (send-queue room, acks, closing).
     pending: bool,
     /// The handles in the tables are `V`'s.
@@ -389,6 +392,7 @@ impl<V: Verbs> Server<V> {
             connections,
             events: VecDeque::with_capacity(config.event_capacity),
             stats: ServerStats::default(),
+            setup_rate: rate::SetupRate::new(&config),
             pending: false,
             provider: PhantomData,
         })

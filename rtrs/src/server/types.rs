@@ -206,6 +206,8 @@ pub struct ServerStats {
     /// New paths refused because their address had
     /// `max_half_open_per_source` half-open paths.
     pub half_open_refused: u64,
+    /// New paths refused because their address exceeded its setup rate.
+    pub setup_rate_refused: u64,
 }
 
 /// How many table entries are in use: all zero when idle (leak checks).
@@ -271,6 +273,9 @@ pub enum ConnectRefusal {
     PathExists,
     /// The client address has `max_half_open_per_source` half-open paths.
     TooManyHalfOpen,
+    /// The client address started more new paths than its setup rate
+    /// allows (`setup_burst`, then one per `setup_interval_ns`).
+    SetupRateExceeded,
 }
 
 impl ConnectRefusal {
@@ -284,7 +289,8 @@ impl ConnectRefusal {
             Self::TooManySessions
             | Self::TooManyPaths
             | Self::OutOfMemory
-            | Self::TooManyHalfOpen => errno::ENOMEM,
+            | Self::TooManyHalfOpen
+            | Self::SetupRateExceeded => errno::ENOMEM,
         }
     }
 }
