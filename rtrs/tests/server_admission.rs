@@ -146,9 +146,7 @@ fn new_paths_per_address_are_paced() {
     let mut cycle = |h: &mut Harness, path: u8| {
         let conn = h.request_from(storm, &con_req(0, 1, path, path, 1));
         if h.was_accepted(conn) {
-            h.mock()
-                .cm_events
-                .push_back(CmEvent::Disconnected { conn });
+            h.mock().cm_events.push_back(CmEvent::Disconnected { conn });
             h.settle();
             h.drain();
             None
@@ -180,7 +178,11 @@ fn new_paths_per_address_are_paced() {
     h.now += 100_000_000;
     assert_eq!(cycle(&mut h, 11), None);
     assert_eq!(cycle(&mut h, 12), Some(-(errno::ENOMEM as i16)));
-    assert_eq!(h.server.usage().paths, 1, "only the bystander's path is left");
+    assert_eq!(
+        h.server.usage().paths,
+        1,
+        "only the bystander's path is left"
+    );
 }
 
 #[test]

@@ -163,7 +163,10 @@ mod tests {
         let mut rate = rate(2, 1000, 4);
         assert!(rate.take(ip(1), 0) && rate.take(ip(1), 0));
         assert!(!rate.take(ip(1), 0));
-        assert!(rate.take(ip(2), 0), "another address is not limited by the first");
+        assert!(
+            rate.take(ip(2), 0),
+            "another address is not limited by the first"
+        );
         assert!(rate.take(ip(2), 0));
         assert!(!rate.take(ip(2), 0));
     }
