@@ -841,6 +841,7 @@ pub fn suite(filter: Option<&str>, failures: &mut Vec<String>) -> crate::suite::
     // The disk boots under UEFI (OVMF, q35, NVMe) first: the loader, the
     // slots and the bad media (`uefi::suite`).
     let mut counts = crate::uefi::suite(filter, failures);
+    crate::image_thin::suite(filter, failures, &mut counts);
     let selected =
         |case: &BootCase| filter.is_none_or(|f| format!("image {}", case.name).contains(f));
     if !BOOT_CASES.iter().any(selected) {
