@@ -121,8 +121,10 @@ const STATS_EVERY_NS: u64 = 30_000_000_000;
 
 /// The image's NIC type.
 pub type Net = VirtioNet<PciTransport>;
+/// A virtio-blk disk or an NVMe namespace whose requests carry handles `H`.
+pub type DiskOf<H> = Either<VirtioBlk<H, PciTransport>, NvmeNamespace<H, MmioRegisters>>;
 /// The image's disk type: a virtio-blk disk or an NVMe namespace.
-pub type Disk = Either<VirtioBlk<Chunk, PciTransport>, NvmeNamespace<Chunk, MmioRegisters>>;
+pub type Disk = DiskOf<Chunk>;
 
 /// A volume of the image: RAM, a disk, or a thin volume on a pool disk.
 pub type Volume = target_image::RamOr<Box<Either<Disk, crate::thin_pools::Thin>>>;
@@ -760,19 +762,16 @@ pub fn open_disk<H: Copy>(
     config: &ServerConfig,
     user: &str,
     backing: &Backing<'_>,
-) -> Result<Either<VirtioBlk<H, PciTransport>, NvmeNamespace<H, MmioRegisters>>, String> {
-    let refuse = |why: String| why;
+) -> Result<DiskOf<H>, String> {
     if let Backing::Nvme { .. } = backing {
         let Some(&(_, index, namespace)) = disks.namespaces.iter().find(|(name, ..)| name == user)
         else {
-            return Err(refuse(
-                "no NVMe namespace was chosen for this volume".into(),
-            ));
+            return Err("no NVMe namespace was chosen".into());
         };
         let entry = &mut disks.controllers[index];
         let address = entry.function.address;
         let Ok(controller) = &mut entry.controller else {
-            return Err(refuse(alloc::format!("pci {address}: controller not up")));
+            return Err(alloc::format!("pci {address}: controller not up"));
         };
         let device = controller
             .open_namespace(
@@ -781,11 +780,7 @@ pub fn open_disk<H: Copy>(
                 pool,
                 target_image::boot::pool::nvme_queue_config(config),
             )
-            .map_err(|error| {
-                refuse(alloc::format!(
-                    "pci {address} namespace {namespace}: {error}"
-                ))
-            })?;
+            .map_err(|error| alloc::format!("pci {address} namespace {namespace}: {error}"))?;
         let info = device.info();
         log!(
             "nvme: {user} on namespace {namespace} of pci {address} (queue pair {}): {} in \
@@ -800,14 +795,14 @@ pub fn open_disk<H: Copy>(
         return Ok(Either::Right(device));
     }
     let Some(&(_, slot)) = disks.chosen.iter().find(|(name, _)| name == user) else {
-        return Err(refuse("no disk was chosen for this volume".into()));
+        return Err("no disk was chosen".into());
     };
     let function = &disks.functions[slot];
     let address = function.address;
     let transport = transport(pci, function, Intx::Disabled)
-        .map_err(|why| refuse(alloc::format!("pci {address}: {why}")))?;
+        .map_err(|why| alloc::format!("pci {address}: {why}"))?;
     let disk = VirtioBlk::new(transport, pool, target_image::virtio_blk_config(config))
-        .map_err(|error| refuse(alloc::format!("pci {address}: virtio-blk: {error}")))?;
+        .map_err(|error| alloc::format!("pci {address}: virtio-blk: {error}"))?;
     let info = disk.info();
     let how = match backing {
         Backing::VirtioBlk(VirtioSelector::Serial(_)) => "by serial",

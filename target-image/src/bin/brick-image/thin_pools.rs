@@ -15,11 +15,7 @@ use alloc::string::String;
 use alloc::vec::Vec;
 
 use ::thin::{Pool, PoolBuf, PoolConfig, ThinVolume};
-use hal::block::{BlockDevice, Either};
-use hal::nvme::regs::MmioRegisters;
-use hal::nvme::NvmeNamespace;
-use hal::virtio::blk::VirtioBlk;
-use hal::virtio::transport::PciTransport;
+use hal::block::BlockDevice;
 use manifest::binary::{Backing, Pool as ManifestPool, PoolBacking};
 use rtrs::server::ServerConfig;
 use target_image::boot::pvh::Bytes;
@@ -27,8 +23,7 @@ use target_image::Chunk;
 
 /// A pool's disk: its requests carry a piece of a chunk or one of the
 /// pool's metadata buffers (bounced: they have no bus address).
-pub type PoolDisk =
-    Either<VirtioBlk<PoolBuf<Chunk>, PciTransport>, NvmeNamespace<PoolBuf<Chunk>, MmioRegisters>>;
+pub type PoolDisk = crate::serve::DiskOf<PoolBuf<Chunk>>;
 /// A thin volume of the image.
 pub type Thin = ThinVolume<PoolDisk, Chunk>;
 
