@@ -1,11 +1,13 @@
 //! The image suite's thin-volume cases (docs/THIN.md): the bare-metal
-//! image under QEMU (TCG) with a thin pool on a virtio-blk disk, Brick's
+//! image under QEMU (TCG) with a thin pool on a virtio-blk disk (or an
+//! NVMe namespace), Brick's
 //! initiator on the host through the frame relay.
 //!
 //! * `image thin_io`: three thin volumes on one pool; a pattern written
 //!   into extents of `thin2`, one extent discarded, read back (written:
 //!   the pattern; discarded and never written: zeroes); QEMU SIGKILLed,
 //!   booted again on the same pool disk, read back again.
+//! * `image thin_nvme`: `thin_io` on a pool on an NVMe namespace.
 //! * `image thin_crash`: writes and discards in flight on `thin0` and
 //!   `thin1` (which overcommit the pool), QEMU SIGKILLed at a random
 //!   moment, booted again on the same disk, every block read back against
@@ -31,31 +33,53 @@ const CRASH_RUNS: usize = 4;
 /// volumes promise 16 + 16 + 8 MiB (20 extents).
 const POOL_DISK_BYTES: u64 = 32 << 20;
 
-/// The manifest: one interface, a virtio-blk pool at the first disk slot,
-/// three thin volumes on it.
-fn manifest() -> String {
+/// Where a case's pool lives.
+#[derive(Clone, Copy)]
+enum PoolKind {
+    /// A virtio-blk disk at the first disk slot ([`crate::image::disk_pci`]).
+    VirtioBlk,
+    /// Namespace 1 of an NVMe controller with serial [`NVME_SERIAL`].
+    Nvme,
+}
+
+/// The NVMe pool controller's serial.
+const NVME_SERIAL: &str = "brick-pool";
+
+/// The manifest: one interface, the pool, three thin volumes on it.
+fn manifest(kind: PoolKind) -> String {
+    let pool = match kind {
+        PoolKind::VirtioBlk => format!(
+            "kind = \"virtio-blk\"\npci = \"{}\"\n",
+            crate::image::disk_pci(0)
+        ),
+        PoolKind::Nvme => format!("kind = \"nvme\"\nserial = \"{NVME_SERIAL}\"\nnamespace = 1\n"),
+    };
     format!(
         concat!(
             "\n[target]\nname = \"brick-image-thin\"\n",
             crate::image::image_limits!(),
             "\n[[interfaces]]\nname = \"eth0\"\nmac = \"52:54:00:77:00:01\"\naddress = \"10.77.0.1/24\"\n",
-            "\n[[pools]]\nname = \"vpool\"\nkind = \"virtio-blk\"\npci = \"{pci}\"\n",
-            "\n[[volumes]]\nname = \"thin0\"\nkind = \"thin\"\npool = \"vpool\"\nsize = \"16MiB\"\n",
-            "\n[[volumes]]\nname = \"thin1\"\nkind = \"thin\"\npool = \"vpool\"\nsize = \"16MiB\"\n",
-            "\n[[volumes]]\nname = \"thin2\"\nkind = \"thin\"\npool = \"vpool\"\nsize = \"8MiB\"\n",
+            "\n[[pools]]\nname = \"pool0\"\n{pool}",
+            "\n[[volumes]]\nname = \"thin0\"\nkind = \"thin\"\npool = \"pool0\"\nsize = \"16MiB\"\n",
+            "\n[[volumes]]\nname = \"thin1\"\nkind = \"thin\"\npool = \"pool0\"\nsize = \"16MiB\"\n",
+            "\n[[volumes]]\nname = \"thin2\"\nkind = \"thin\"\npool = \"pool0\"\nsize = \"8MiB\"\n",
             "\n[[access]]\nsessions = \"*\"\nvolumes = \"*\"\nmode = \"rw\"\n"
         ),
-        pci = crate::image::disk_pci(0)
+        pool = pool
     )
 }
 
 /// Runs the thin cases `filter` selects (`image thin_io`, `image
 /// thin_crash`), adding to `counts` and `failures`.
 pub fn suite(filter: Option<&str>, failures: &mut Vec<String>, counts: &mut Counts) {
-    let cases = [("image thin_io", "io"), ("image thin_crash", "crash")];
+    let cases = [
+        ("image thin_io", "io", PoolKind::VirtioBlk),
+        ("image thin_crash", "crash", PoolKind::VirtioBlk),
+        ("image thin_nvme", "io", PoolKind::Nvme),
+    ];
     let selected: Vec<_> = cases
         .iter()
-        .filter(|(name, _)| filter.is_none_or(|f| name.contains(f)))
+        .filter(|(name, ..)| filter.is_none_or(|f| name.contains(f)))
         .collect();
     if selected.is_empty() {
         return;
@@ -70,9 +94,9 @@ pub fn suite(filter: Option<&str>, failures: &mut Vec<String>, counts: &mut Coun
             return;
         }
     };
-    for (name, mode) in selected {
+    for (name, mode, kind) in selected {
         let start = Instant::now();
-        match run_case(&image, &driver, mode) {
+        match run_case(&image, &driver, mode, *kind) {
             Ok(note) => {
                 println!(
                     "{name} ... ok ({:.1} s): {note}",
@@ -108,26 +132,42 @@ fn driver() -> Result<PathBuf> {
 /// One case: a fresh pool disk, the relay, the driver in `mode`; the
 /// driver's result line, and for the crash case the consoles' pool
 /// reports.
-fn run_case(image: &Path, driver: &Path, mode: &str) -> Result<String> {
+fn run_case(image: &Path, driver: &Path, mode: &str, kind: PoolKind) -> Result<String> {
     let dir = crate::paths::scratch(&format!("image-thin-{mode}"));
     let result = (|| {
         let manifest_path = dir.join("thin.toml");
-        std::fs::write(&manifest_path, manifest())?;
+        std::fs::write(&manifest_path, manifest(kind))?;
         let (config, blob, blob_path) = crate::image::compile_to_blob(&manifest_path, &dir)?;
         let mac = config.interfaces.first().context("no interface")?.mac.0;
         let pool = dir.join("pool.img");
         std::fs::File::create(&pool)?.set_len(POOL_DISK_BYTES)?;
         let relay = Relay::start(&dir.join("a.sock"), &dir.join("b.sock"), 0x7417, None)?;
-        let command = crate::image::qemu_command_with_disks(
+        let disks = match kind {
+            PoolKind::VirtioBlk => vec![Disk {
+                path: pool.clone(),
+                serial: None,
+            }],
+            PoolKind::Nvme => Vec::new(),
+        };
+        let mut command = crate::image::qemu_command_with_disks(
             image,
             &blob_path,
             crate::image::guest_mib(&blob),
-            &[Disk {
-                path: pool,
-                serial: None,
-            }],
+            &disks,
             &[(relay.b.clone(), mac)],
         )?;
+        if let PoolKind::Nvme = kind {
+            let file = pool.to_str().context("pool path is not UTF-8")?;
+            command.extend([
+                "-drive".into(),
+                format!(
+                    "file={},if=none,id=pool,format=raw",
+                    file.replace(',', ",,")
+                ),
+                "-device".into(),
+                format!("nvme,serial={NVME_SERIAL},drive=pool"),
+            ]);
+        }
         let args_file = dir.join("qemu.args");
         std::fs::write(&args_file, command.join("\n"))?;
         let consoles = dir.join("console");
@@ -150,7 +190,7 @@ fn run_case(image: &Path, driver: &Path, mode: &str) -> Result<String> {
                 "--target",
                 "10.77.0.1",
                 "--pool",
-                "vpool",
+                "pool0",
             ])
             .args(["--volumes", volumes])
             .args([
@@ -210,7 +250,7 @@ fn pool_reports(consoles: &Path) -> Vec<String> {
             let text = std::fs::read_to_string(boot).ok()?;
             let line = text
                 .lines()
-                .find(|l| l.starts_with("[brick] pool vpool: "))?;
+                .find(|l| l.starts_with("[brick] pool pool0: "))?;
             Some(format!("boot {}: {}", boot_number(boot), line.trim()))
         })
         .collect()
