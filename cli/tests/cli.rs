@@ -766,8 +766,9 @@ fn manifest_check_passes_every_example() {
                     run.stdout
                 );
             }
-            // 1,104 GiB of virtual extents at 16 B each and two pools'
-            // buffers: 8.6 MiB of thin maps in the engine's memory.
+            // 1,104 GiB of virtual extents at 16 B each (8.6 MiB), three
+            // volumes' slots and two pools' buffers: 10.8 MiB of thin maps
+            // in the engine's memory.
             assert!(
                 run.stdout.contains(", thin maps 10.8 MiB"),
                 "{}",
