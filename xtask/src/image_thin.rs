@@ -8,6 +8,8 @@
 //!   the pattern; discarded and never written: zeroes); QEMU SIGKILLed,
 //!   booted again on the same pool disk, read back again.
 //! * `image thin_nvme`: `thin_io` on a pool on an NVMe namespace.
+//! * `image thin_file_pool_refused`: a thin volume on a file pool (the
+//!   hosted target's kind) refused by the image, QEMU status 43.
 //! * `image thin_crash`: writes and discards in flight on `thin0` and
 //!   `thin1` (which overcommit the pool), QEMU SIGKILLed at a random
 //!   moment, booted again on the same disk, every block read back against
@@ -81,7 +83,9 @@ pub fn suite(filter: Option<&str>, failures: &mut Vec<String>, counts: &mut Coun
         .iter()
         .filter(|(name, ..)| filter.is_none_or(|f| name.contains(f)))
         .collect();
-    if selected.is_empty() {
+    let refusal = "image thin_file_pool_refused";
+    let refuse = filter.is_none_or(|f| refusal.contains(f));
+    if selected.is_empty() && !refuse {
         return;
     }
     let built = crate::image::build().and_then(|image| Ok((image, driver()?)));
@@ -94,6 +98,23 @@ pub fn suite(filter: Option<&str>, failures: &mut Vec<String>, counts: &mut Coun
             return;
         }
     };
+    if refuse {
+        let start = Instant::now();
+        match file_pool_refused(&image) {
+            Ok(note) => {
+                println!(
+                    "{refusal} ... ok ({:.1} s): {note}",
+                    start.elapsed().as_secs_f64()
+                );
+                counts.passed += 1;
+            }
+            Err(error) => {
+                println!("{refusal} ... FAILED\n{error:#}");
+                failures.push(refusal.into());
+                counts.failed += 1;
+            }
+        }
+    }
     for (name, mode, kind) in selected {
         let start = Instant::now();
         match run_case(&image, &driver, mode, *kind) {
@@ -235,6 +256,46 @@ fn run_case(image: &Path, driver: &Path, mode: &str, kind: PoolKind) -> Result<S
     if result.is_ok() && std::env::var_os("BRICK_KEEP_SCRATCH").is_none() {
         let _ = std::fs::remove_dir_all(&dir);
     }
+    result
+}
+
+/// The image refuses a thin volume on a file pool (the hosted target's):
+/// QEMU status 43 with the reason on the console.
+fn file_pool_refused(image: &Path) -> Result<String> {
+    let dir = crate::paths::scratch("image-thin-file-pool");
+    let result = (|| {
+        let text = manifest(PoolKind::VirtioBlk).replace(
+            &format!(
+                "kind = \"virtio-blk\"\npci = \"{}\"\n",
+                crate::image::disk_pci(0)
+            ),
+            "kind = \"file\"\npath = \"/var/lib/brick/pool0.img\"\n",
+        );
+        let manifest_path = dir.join("thin.toml");
+        std::fs::write(&manifest_path, text)?;
+        let (config, blob, blob_path) = crate::image::compile_to_blob(&manifest_path, &dir)?;
+        let mac = config.interfaces.first().context("no interface")?.mac.0;
+        // The NIC's socket: listened on, never read (the image refuses the
+        // manifest before it sends anything).
+        let socket = dir.join("nic.sock");
+        let _listener = std::os::unix::net::UnixListener::bind(&socket)?;
+        let command = crate::image::qemu_command_with_disks(
+            image,
+            &blob_path,
+            crate::image::guest_mib(&blob),
+            &[],
+            &[(socket, mac)],
+        )?;
+        let (status, console) =
+            crate::image::boot_captured(&command, std::time::Duration::from_secs(60), None)?;
+        let reason = "its pool is a file or block device: the image takes thin volumes on \
+                      virtio-blk and nvme pools";
+        if status != Some(43) || !console.contains(reason) {
+            bail!("expected status 43 and {reason:?}; got {status:?}\n{console}");
+        }
+        Ok(format!("status 43, {reason:?}"))
+    })();
+    let _ = std::fs::remove_dir_all(&dir);
     result
 }
 
