@@ -143,7 +143,7 @@ fn new_paths_per_address_are_paced() {
     let mut h = Harness::new(config);
     let storm = Ipv4Addr::new(10, 1, 0, 1);
     // Each path is set up and closed at once, so only the rate limits it.
-    let mut cycle = |h: &mut Harness, path: u8| {
+    let cycle = |h: &mut Harness, path: u8| {
         let conn = h.request_from(storm, &con_req(0, 1, path, path, 1));
         if h.was_accepted(conn) {
             h.mock().cm_events.push_back(CmEvent::Disconnected { conn });
