@@ -210,6 +210,7 @@ where
                 tos: attributes.traffic_class,
                 ttl: attributes.hop_limit,
             },
+            selective_retransmission: attributes.selective_retransmission,
         }
     }
 

@@ -88,6 +88,7 @@ use crate::wire::{BthRepr, Trailer};
 
 mod requester;
 mod responder;
+pub mod selective;
 
 pub mod config {
     //! Default depths of a queue pair, its fixed capacities and the
@@ -149,6 +150,12 @@ pub mod config {
     /// is well above the multi-millisecond round trips of TCG guests, yet
     /// 20 times below the 2.15 s default; one valid sample replaces it.
     pub const INITIAL_RETRANSMIT_TIMEOUT_NS: u64 = 100_000_000;
+    /// Floor of the adaptive retransmit timeout on a QP with selective
+    /// retransmission (both ends Brick, [`super::selective`]): 1 ms. An
+    /// expiry there resends two packets (the oldest unacknowledged and the
+    /// newest), not a window, so firing early is cheap, while a lost tail
+    /// packet at queue depth 1 costs a millisecond instead of five.
+    pub const SELECTIVE_MIN_RETRANSMIT_TIMEOUT_NS: u64 = 1_000_000;
 }
 
 /// QP states, named after the IBTA's (roce-v2.md §2.1).
@@ -220,6 +227,10 @@ pub struct QpParams {
     pub remote_access: AccessFlags,
     /// Addressing.
     pub path: Path,
+    /// Selective retransmission ([`selective`], Brick's extension): set
+    /// only when both ends are Brick and said so in the CM exchange; off,
+    /// the QP speaks standard go-back-N.
+    pub selective_retransmission: bool,
 }
 
 impl QpParams {
@@ -283,6 +294,9 @@ pub struct Counters {
     pub drop_bad_opcode: u64,
     /// Dropped by the responder: out-of-sequence packets after the NAK.
     pub drop_out_of_sequence: u64,
+    /// Requests kept out of order by a selective responder (executed once
+    /// the missing packets arrive).
+    pub kept_out_of_order: u64,
     /// Duplicate requests seen (re-ACKed or replayed, never re-executed).
     pub duplicates: u64,
     /// Stale or bogus ACKs/responses ignored by the requester.
@@ -612,6 +626,10 @@ pub struct Qp {
     read_next: usize,
     read_seq: u32,
     out: Deque<Response, { config::RESPONSE_DEPTH }>,
+    /// Selective retransmission: the responder's out-of-order packets.
+    reorder: selective::Reorder,
+    /// Selective retransmission: the requester's PSNs to resend.
+    resend: selective::Resend,
 }
 
 impl Qp {
@@ -634,6 +652,7 @@ impl Qp {
             qpn,
             VecDeque::with_capacity(send_depth),
             VecDeque::with_capacity(recv_depth),
+            selective::Reorder::new(),
             send_depth,
             recv_depth,
         )
@@ -644,6 +663,7 @@ impl Qp {
         core::mem::size_of::<Qp>()
             + send_depth * core::mem::size_of::<SendWqe>()
             + recv_depth * core::mem::size_of::<RecvWqe>()
+            + selective::Reorder::heap_bytes()
     }
 
     /// Makes this QP a new one in `Reset` numbered `qpn` (completions
@@ -655,8 +675,9 @@ impl Qp {
         let mut rq = core::mem::take(&mut self.rq);
         sq.clear();
         rq.clear();
+        let reorder = core::mem::replace(&mut self.reorder, selective::Reorder::empty());
         let (send_depth, recv_depth) = (self.send_depth, self.recv_depth);
-        *self = Self::from_queues(conn, qpn, sq, rq, send_depth, recv_depth);
+        *self = Self::from_queues(conn, qpn, sq, rq, reorder, send_depth, recv_depth);
         self.cq_tag = cq_tag;
     }
 
@@ -665,9 +686,11 @@ impl Qp {
         qpn: Qpn,
         sq: VecDeque<SendWqe>,
         rq: VecDeque<RecvWqe>,
+        mut reorder: selective::Reorder,
         send_depth: usize,
         recv_depth: usize,
     ) -> Self {
+        reorder.clear();
         Self {
             conn,
             qpn,
@@ -704,6 +727,8 @@ impl Qp {
             read_next: 0,
             read_seq: 0,
             out: Deque::new(),
+            reorder,
+            resend: selective::Resend::new(),
         }
     }
 
@@ -894,6 +919,13 @@ impl Qp {
         self.rnr_left = params.rnr_retry.min(7);
         self.epsn = params.recv_psn;
         self.ack_psn = params.recv_psn.wrapping_sub(1);
+        self.reorder.configure(self.mtu);
+        self.resend.clear(params.send_psn);
+        self.timer.set_floor(if params.selective_retransmission {
+            config::SELECTIVE_MIN_RETRANSMIT_TIMEOUT_NS
+        } else {
+            config::MIN_RETRANSMIT_TIMEOUT_NS
+        });
         self.params = Some(params);
         self.state = QpState::Rtr;
         Ok(())
@@ -996,7 +1028,12 @@ impl Qp {
                     ctx.counters.drop_bad_opcode += 1;
                 }
             }
-            _ => self.handle_request(frame, ctx),
+            _ => {
+                self.handle_request(frame, ctx);
+                if self.selective() {
+                    self.drain_kept(ctx);
+                }
+            }
         }
     }
 
@@ -1017,6 +1054,7 @@ impl Qp {
         self.state = QpState::Err;
         self.retransmit_deadline = None;
         self.rnr_until = None;
+        self.reorder.clear();
         while let Some(wqe) = self.sq.pop_front() {
             let _ = ctx.arena.unpin_sgl(wqe.sgl.as_slice());
             let wc = WorkCompletion::new(

@@ -102,6 +102,8 @@ pub struct PairConfig {
     pub memory: usize,
     pub latency_ns: u64,
     pub seed: u64,
+    /// Both QPs run Brick's selective retransmission.
+    pub selective: bool,
 }
 
 impl Default for PairConfig {
@@ -117,6 +119,7 @@ impl Default for PairConfig {
             memory: 1 << 20,
             latency_ns: 2_000,
             seed: 1,
+            selective: false,
         }
     }
 }
@@ -140,6 +143,13 @@ pub struct Pair {
     pub fifo: bool,
     /// Latest delivery time scheduled per direction (for `fifo`).
     last_delivery: [u64; 2],
+    /// Serialization time per byte in picoseconds (0: unlimited
+    /// bandwidth). A frame occupies its direction's link for
+    /// `len · byte_time_ps` after the previous one, then travels
+    /// `latency_ns`; a dropped frame still used the link.
+    pub byte_time_ps: u64,
+    /// When each direction's link is free again (ns).
+    link_free: [u64; 2],
 }
 
 fn endpoint(memory: usize, seed: u64, last: u8) -> Endpoint {
@@ -174,6 +184,7 @@ pub fn params(local: &Endpoint, peer: &Endpoint, config: &PairConfig, a_side: bo
         max_dest_rd_atomic: 4,
         remote_access: AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ,
         path: local.hca.path_to(qpn, peer.mac, peer.ip),
+        selective_retransmission: config.selective,
     }
 }
 
@@ -199,6 +210,8 @@ impl Pair {
             sent: [Vec::new(), Vec::new()],
             fifo: false,
             last_delivery: [0; 2],
+            byte_time_ps: 0,
+            link_free: [0; 2],
         }
     }
 
@@ -250,7 +263,13 @@ impl Pair {
             Ok(parsed) => (self.filter)(dir, &parsed, &mut self.rng),
             Err(error) => panic!("HCA sent an unparsable frame: {error}"),
         };
-        let at = self.now + self.latency_ns;
+        let mut at = self.now + self.latency_ns;
+        if self.byte_time_ps > 0 {
+            let start = self.now.max(self.link_free[dir]);
+            let done = start + (frame.len() as u64 * self.byte_time_ps).div_ceil(1000);
+            self.link_free[dir] = done;
+            at = done + self.latency_ns;
+        }
         let fifo = self.fifo;
         let last_delivery = &mut self.last_delivery[dir];
         let mut push = |links: &mut [BTreeMap<(u64, u64), Vec<u8>>; 2], at: u64, frame: Vec<u8>| {
