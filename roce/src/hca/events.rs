@@ -36,6 +36,7 @@ where
                 let mut ctx = Context {
                     arena: &mut self.arena,
                     cq: &mut self.cq,
+                    reorder: &mut self.reorder,
                     counters: &mut self.counters,
                 };
                 qp.enter_error(&mut ctx, verbs::WcStatus::WrFlushErr);

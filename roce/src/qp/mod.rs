@@ -445,6 +445,8 @@ pub struct Context<'a, S, const N: usize> {
     pub arena: &'a mut Arena<S, N>,
     /// Where completions go.
     pub cq: &'a mut CompletionQueue,
+    /// Reorder buffers lent to selective QPs.
+    pub reorder: &'a mut selective::ReorderPool,
     /// Counters to bump.
     pub counters: &'a mut Counters,
 }
@@ -652,7 +654,6 @@ impl Qp {
             qpn,
             VecDeque::with_capacity(send_depth),
             VecDeque::with_capacity(recv_depth),
-            selective::Reorder::new(),
             send_depth,
             recv_depth,
         )
@@ -663,7 +664,6 @@ impl Qp {
         core::mem::size_of::<Qp>()
             + send_depth * core::mem::size_of::<SendWqe>()
             + recv_depth * core::mem::size_of::<RecvWqe>()
-            + selective::Reorder::heap_bytes()
     }
 
     /// Makes this QP a new one in `Reset` numbered `qpn` (completions
@@ -675,9 +675,8 @@ impl Qp {
         let mut rq = core::mem::take(&mut self.rq);
         sq.clear();
         rq.clear();
-        let reorder = core::mem::replace(&mut self.reorder, selective::Reorder::empty());
         let (send_depth, recv_depth) = (self.send_depth, self.recv_depth);
-        *self = Self::from_queues(conn, qpn, sq, rq, reorder, send_depth, recv_depth);
+        *self = Self::from_queues(conn, qpn, sq, rq, send_depth, recv_depth);
         self.cq_tag = cq_tag;
     }
 
@@ -686,11 +685,9 @@ impl Qp {
         qpn: Qpn,
         sq: VecDeque<SendWqe>,
         rq: VecDeque<RecvWqe>,
-        mut reorder: selective::Reorder,
         send_depth: usize,
         recv_depth: usize,
     ) -> Self {
-        reorder.clear();
         Self {
             conn,
             qpn,
@@ -727,7 +724,7 @@ impl Qp {
             read_next: 0,
             read_seq: 0,
             out: Deque::new(),
-            reorder,
+            reorder: selective::Reorder::new(),
             resend: selective::Resend::new(),
         }
     }
@@ -926,6 +923,8 @@ impl Qp {
         } else {
             config::MIN_RETRANSMIT_TIMEOUT_NS
         });
+        self.timer
+            .set_outlier_limits(params.selective_retransmission);
         self.params = Some(params);
         self.state = QpState::Rtr;
         Ok(())
@@ -1054,7 +1053,7 @@ impl Qp {
         self.state = QpState::Err;
         self.retransmit_deadline = None;
         self.rnr_until = None;
-        self.reorder.clear();
+        self.reorder.release(ctx.reorder);
         while let Some(wqe) = self.sq.pop_front() {
             let _ = ctx.arena.unpin_sgl(wqe.sgl.as_slice());
             let wc = WorkCompletion::new(
@@ -1084,6 +1083,17 @@ impl Qp {
             }
         }
         self.out = kept;
+    }
+
+    /// Gives back a reorder buffer the QP holds (before destroying it).
+    pub fn release_reorder(&mut self, pool: &mut selective::ReorderPool) {
+        self.reorder.release(pool);
+    }
+
+    /// Whether the QP holds a reorder buffer now (a selective responder
+    /// with a gap open).
+    pub fn holds_reorder_buffer(&self) -> bool {
+        self.reorder.leased()
     }
 
     /// Releases every pin the QP holds without generating completions (for

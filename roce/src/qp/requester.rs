@@ -98,6 +98,8 @@ pub(super) struct RetransmitTimer {
     retry_epoch: u64,
     /// G: the floor of the timeout and of its margin over SRTT.
     floor: u64,
+    /// See [`RetransmitTimer::set_outlier_limits`].
+    outlier_limits: bool,
 }
 
 impl RetransmitTimer {
@@ -110,6 +112,7 @@ impl RetransmitTimer {
             sample: None,
             retry_epoch: 0,
             floor: config::MIN_RETRANSMIT_TIMEOUT_NS,
+            outlier_limits: false,
         }
     }
 
@@ -118,12 +121,25 @@ impl RetransmitTimer {
         self.floor = floor;
     }
 
+    /// Makes the estimate robust to rare long delays, for the selective
+    /// scheme (where firing early costs two packets): a sample counts as at
+    /// most 2·SRTT + G, and the margin over SRTT is at most 2·G.
+    pub(super) fn set_outlier_limits(&mut self, on: bool) {
+        self.outlier_limits = on;
+    }
+
     /// The timeout without backoff: SRTT + max(G, 4·RTTVAR) with G the
     /// floor (or the initial timeout before any sample), at most
     /// `negotiated`.
     fn base_timeout(&self, negotiated: u64) -> u64 {
         let estimate = match self.smoothed_rtt {
-            Some(srtt) => srtt.saturating_add(self.rtt_variation.saturating_mul(4).max(self.floor)),
+            Some(srtt) => {
+                let mut margin = self.rtt_variation.saturating_mul(4).max(self.floor);
+                if self.outlier_limits {
+                    margin = margin.min(self.floor.saturating_mul(2));
+                }
+                srtt.saturating_add(margin)
+            }
             None => config::INITIAL_RETRANSMIT_TIMEOUT_NS,
         };
         estimate.min(negotiated)
@@ -141,7 +157,10 @@ impl RetransmitTimer {
     /// Folds a round-trip time into SRTT/RTTVAR (RFC 6298 §2.2-2.3) and
     /// ends the backoff.
     fn record(&mut self, rtt: u64) {
-        let rtt = rtt.min(MAX_RTT_SAMPLE_NS);
+        let mut rtt = rtt.min(MAX_RTT_SAMPLE_NS);
+        if let (true, Some(srtt)) = (self.outlier_limits, self.smoothed_rtt) {
+            rtt = rtt.min(srtt.saturating_mul(2).saturating_add(self.floor));
+        }
         match self.smoothed_rtt {
             None => {
                 self.smoothed_rtt = Some(rtt);
@@ -154,6 +173,14 @@ impl RetransmitTimer {
             }
         }
         self.backoff = 0;
+    }
+
+    /// Karn's rule for a selective resend of `psn`: a sample timing it
+    /// would not know which copy was acknowledged.
+    pub(super) fn forget_sample(&mut self, psn: Psn) {
+        if self.sample.is_some_and(|sample| sample.psn == psn) {
+            self.sample = None;
+        }
     }
 
     /// An expiry: the next timeout is twice this one, up to `negotiated`.

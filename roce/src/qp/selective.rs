@@ -8,25 +8,28 @@
 //! changes is what each end does with it:
 //!
 //! - **Responder.** A request packet up to [`WINDOW`] PSNs ahead of the
-//!   expected PSN is kept in a bounded reorder buffer (allocated with the
-//!   QP, [`REORDER_BYTES`] of payload and [`MAX_HELD`] entries) instead of
-//!   being dropped. When the missing packet arrives, the kept ones are
+//!   expected PSN is kept in a bounded reorder buffer ([`REORDER_BYTES`] of
+//!   payload and [`MAX_HELD`] entries, lent by the HCA's [`ReorderPool`]
+//!   while the gap lasts) instead of being dropped. When the missing packet arrives, the kept ones are
 //!   executed in PSN order by the ordinary in-order code, so placement,
 //!   completions, ACKs and errors are exactly those of in-order arrival.
 //!   What is missing is reported with a NAK PSN Sequence Error naming the
 //!   expected PSN (as the standard does, an implied ACK of everything before
 //!   it) whose MSN field carries the number of consecutive missing PSNs from
-//!   there (up to the first kept packet). The NAK goes out when a gap opens,
-//!   when the expected PSN moves to a new gap while packets are kept beyond
-//!   it, and whenever a packet asking for an ACK (AckReq) arrives ahead of a
-//!   gap (a lost NAK or a lost retransmission is asked about again).
+//!   there (up to the first kept packet). The NAK goes out when a gap opens
+//!   or the expected PSN moves past the PSNs the last NAK named onto a gap
+//!   (never for PSNs the requester is resending already), and whenever a
+//!   packet asking for an ACK (AckReq) arrives ahead of a gap (a lost NAK or
+//!   a lost retransmission is asked about again).
 //! - **Requester.** Such a NAK resends only the PSNs it names (a READ once,
 //!   from its first named PSN), never the whole window, and does not consume
 //!   the retry count. A retransmit timeout resends the oldest unacknowledged
 //!   packet and the newest one sent (a tail probe; the responder's answer to
 //!   it names any remaining gap) instead of going back N, and the timer's
 //!   floor is [`config::SELECTIVE_MIN_RETRANSMIT_TIMEOUT_NS`], since an early
-//!   expiry costs two packets rather than a window. Only the last packet of
+//!   expiry costs two packets rather than a window; for the same reason a
+//!   single long delay (a held frame) moves the estimate little: a sample
+//!   counts as at most 2·SRTT + G and the margin over SRTT is at most 2·G. Only the last packet of
 //!   a batch of resends asks for an ACK. The window is at most what the
 //!   peer's buffer keeps ([`held_limit`]: 128 PSNs at MTU 1024, 32 at 4096),
 //!   so nothing is dropped for lack of room. An RNR NAK resends, after the
@@ -74,99 +77,156 @@ struct Held {
     len: u32,
 }
 
-/// The responder's reorder buffer.
-pub(super) struct Reorder {
-    /// Payload slots, `slot` bytes each (allocated once).
-    buf: Vec<u8>,
+/// One reorder buffer of the pool: payload slots and their headers.
+struct Buffer {
+    /// Payload slots (allocated once).
+    bytes: Vec<u8>,
     /// Headers per slot (allocated once).
     held: Vec<Option<Held>>,
+}
+
+/// The reorder buffers of an HCA, lent to a selective QP's responder while
+/// it has a gap and given back when the gap closes (or the QP fails or is
+/// destroyed). Allocated once, with the HCA; a QP that finds none free
+/// drops out-of-order packets as the standard does (its peer still resends
+/// only what it is told is missing).
+pub struct ReorderPool {
+    buffers: Vec<Buffer>,
+    free: Vec<u16>,
+}
+
+impl ReorderPool {
+    /// `count` buffers (at most 65,536), allocated here.
+    pub fn with_capacity(count: usize) -> Self {
+        let count = count.min(1 << 16);
+        let mut buffers = Vec::with_capacity(count);
+        let mut free = Vec::with_capacity(count);
+        for index in 0..count {
+            let mut held = Vec::with_capacity(MAX_HELD);
+            held.resize(MAX_HELD, None);
+            let bytes = alloc::vec![0; REORDER_BYTES];
+            buffers.push(Buffer { bytes, held });
+            free.push((count - 1 - index) as u16);
+        }
+        Self { buffers, free }
+    }
+
+    /// Bytes a pool of `count` buffers takes.
+    pub const fn bytes_for(count: usize) -> usize {
+        count * (REORDER_BYTES + MAX_HELD * core::mem::size_of::<Option<Held>>())
+    }
+
+    /// Buffers not lent.
+    pub fn available(&self) -> usize {
+        self.free.len()
+    }
+
+    /// Buffers of the pool.
+    pub fn capacity(&self) -> usize {
+        self.buffers.len()
+    }
+}
+
+/// A selective responder's out-of-order state; the packets themselves are
+/// in a buffer lent by the [`ReorderPool`].
+pub(super) struct Reorder {
+    lease: Option<u16>,
     slot: usize,
     slots: usize,
     kept: usize,
     /// One past the highest PSN seen ahead of the expected one.
     seen_end: Option<Psn>,
-    /// The expected PSN the last selective NAK named.
-    naked: Option<Psn>,
+    /// One past the last PSN the last selective NAK named missing: up to
+    /// there the requester is resending already.
+    reported_end: Option<Psn>,
 }
 
 impl Reorder {
-    /// An empty buffer; allocates its memory (QP creation only).
-    pub(super) fn new() -> Self {
-        let mut held = Vec::with_capacity(MAX_HELD);
-        held.resize(MAX_HELD, None);
-        let mut buf = Vec::with_capacity(REORDER_BYTES);
-        buf.resize(REORDER_BYTES, 0);
+    /// Nothing kept, no buffer.
+    pub(super) const fn new() -> Self {
         Self {
-            buf,
-            held,
+            lease: None,
             slot: 1024,
             slots: 0,
             kept: 0,
             seen_end: None,
-            naked: None,
+            reported_end: None,
         }
     }
 
-    /// A buffer without memory, holding nothing (a placeholder while a QP
-    /// is rebuilt around its buffer; never allocates).
-    pub(super) fn empty() -> Self {
-        Self {
-            buf: Vec::new(),
-            held: Vec::new(),
-            slot: 1024,
-            slots: 0,
-            kept: 0,
-            seen_end: None,
-            naked: None,
-        }
-    }
-
-    /// Sizes the slots for path MTU `mtu` and forgets everything.
+    /// Sizes the slots for path MTU `mtu`.
     pub(super) fn configure(&mut self, mtu: u32) {
         self.slot = (mtu as usize).max(1);
-        self.slots = (self.buf.len() / self.slot)
-            .min(self.held.len())
+        self.slots = (REORDER_BYTES / self.slot)
+            .min(MAX_HELD)
             .min(held_limit(mtu) as usize);
-        self.clear();
     }
 
-    /// Forgets every kept packet.
-    pub(super) fn clear(&mut self) {
-        self.held.iter_mut().for_each(|entry| *entry = None);
+    /// Forgets every kept packet and gives the buffer back.
+    pub(super) fn release(&mut self, pool: &mut ReorderPool) {
+        if let Some(lease) = self.lease.take() {
+            if let Some(buffer) = pool.buffers.get_mut(usize::from(lease)) {
+                buffer.held.iter_mut().for_each(|entry| *entry = None);
+                // Never more than the pool's own buffers: no allocation.
+                if pool.free.len() < pool.free.capacity() {
+                    pool.free.push(lease);
+                }
+            }
+        }
         self.kept = 0;
         self.seen_end = None;
-        self.naked = None;
+        self.reported_end = None;
     }
 
-    /// Bytes allocated per QP besides the struct.
-    pub(super) const fn heap_bytes() -> usize {
-        REORDER_BYTES + MAX_HELD * core::mem::size_of::<Option<Held>>()
+    /// Whether the requester was told `epsn` is missing (and is resending).
+    fn told(&self, epsn: Psn) -> bool {
+        self.reported_end.is_some_and(|end| epsn.is_before(end))
     }
 
-    fn index_of(&self, psn: Psn) -> Option<usize> {
+    /// Whether a buffer is lent (test and debugging aid).
+    pub(super) fn leased(&self) -> bool {
+        self.lease.is_some()
+    }
+
+    fn buffer<'p>(&self, pool: &'p ReorderPool) -> Option<&'p Buffer> {
+        pool.buffers.get(usize::from(self.lease?))
+    }
+
+    fn index_of(&self, pool: &ReorderPool, psn: Psn) -> Option<usize> {
         if self.kept == 0 {
             return None;
         }
-        self.held[..self.slots]
+        self.buffer(pool)?.held[..self.slots]
             .iter()
             .position(|entry| entry.is_some_and(|held| held.bth.psn == psn))
     }
 
     /// Keeps `frame`; false if it is already kept or there is no room.
-    fn store(&mut self, frame: &RoceFrame<'_>) -> bool {
+    fn store(&mut self, pool: &mut ReorderPool, frame: &RoceFrame<'_>) -> bool {
         let len = frame.payload.len();
-        if len > self.slot || self.buf.len() < self.slot * self.slots {
+        if len > self.slot || self.index_of(pool, frame.bth.psn).is_some() {
             return false;
         }
-        if self.index_of(frame.bth.psn).is_some() {
-            return false;
+        if self.lease.is_none() {
+            self.lease = pool.free.pop();
         }
-        let Some(index) = self.held[..self.slots].iter().position(Option::is_none) else {
+        let slot = self.slot;
+        let slots = self.slots;
+        let Some(buffer) = self
+            .lease
+            .and_then(|lease| pool.buffers.get_mut(usize::from(lease)))
+        else {
             return false;
         };
-        let start = index * self.slot;
-        self.buf[start..start + len].copy_from_slice(frame.payload);
-        self.held[index] = Some(Held {
+        if buffer.bytes.len() < slot * slots {
+            return false;
+        }
+        let Some(index) = buffer.held[..slots].iter().position(Option::is_none) else {
+            return false;
+        };
+        let start = index * slot;
+        buffer.bytes[start..start + len].copy_from_slice(frame.payload);
+        buffer.held[index] = Some(Held {
             eth: frame.eth,
             ip: frame.ip,
             udp: frame.udp,
@@ -180,11 +240,18 @@ impl Reorder {
     }
 
     /// Drops kept packets behind `epsn` (executed meanwhile by a resend).
-    fn discard_before(&mut self, epsn: Psn) {
+    fn discard_before(&mut self, pool: &mut ReorderPool, epsn: Psn) {
         if self.kept == 0 {
             return;
         }
-        for entry in self.held[..self.slots].iter_mut() {
+        let slots = self.slots;
+        let Some(buffer) = self
+            .lease
+            .and_then(|lease| pool.buffers.get_mut(usize::from(lease)))
+        else {
+            return;
+        };
+        for entry in buffer.held[..slots].iter_mut() {
             if entry.is_some_and(|held| held.bth.psn.is_before(epsn)) {
                 *entry = None;
                 self.kept -= 1;
@@ -194,12 +261,14 @@ impl Reorder {
 
     /// Missing PSNs from `epsn` on: up to the first kept packet, or up to
     /// the highest PSN seen; `None` when nothing ahead is known.
-    fn gap(&self, epsn: Psn) -> Option<u32> {
+    fn gap(&self, pool: &ReorderPool, epsn: Psn) -> Option<u32> {
         let seen = self.seen_end.filter(|end| end.is_after(epsn))?;
         let mut count = epsn.distance_to(seen);
-        for held in self.held[..self.slots].iter().flatten() {
-            if held.bth.psn.is_after(epsn) {
-                count = count.min(epsn.distance_to(held.bth.psn));
+        if let Some(buffer) = self.buffer(pool).filter(|_| self.kept > 0) {
+            for held in buffer.held[..self.slots].iter().flatten() {
+                if held.bth.psn.is_after(epsn) {
+                    count = count.min(epsn.distance_to(held.bth.psn));
+                }
             }
         }
         Some(count)
@@ -295,21 +364,21 @@ impl Qp {
         if self.reorder.seen_end.is_none_or(|seen| end.is_after(seen)) {
             self.reorder.seen_end = Some(end);
         }
-        if self.reorder.index_of(psn).is_some() {
+        if self.reorder.index_of(ctx.reorder, psn).is_some() {
             ctx.counters.duplicates += 1;
-        } else if self.reorder.store(frame) {
+        } else if self.reorder.store(ctx.reorder, frame) {
             ctx.counters.kept_out_of_order += 1;
         } else {
             ctx.counters.drop_out_of_sequence += 1;
         }
-        if self.reorder.naked != Some(self.epsn) || frame.bth.ack_req {
+        if !self.reorder.told(self.epsn) || frame.bth.ack_req {
             self.selective_nak(ctx);
         }
     }
 
     /// Queues the NAK naming the gap at the expected PSN, if there is one.
     fn selective_nak<S, const N: usize>(&mut self, ctx: &mut Context<'_, S, N>) {
-        let Some(count) = self.reorder.gap(self.epsn) else {
+        let Some(count) = self.reorder.gap(ctx.reorder, self.epsn) else {
             return;
         };
         let response = Response::Ack {
@@ -322,7 +391,7 @@ impl Qp {
             return;
         }
         ctx.counters.naks_sent += 1;
-        self.reorder.naked = Some(self.epsn);
+        self.reorder.reported_end = Some(self.epsn.wrapping_add(count.max(1)));
     }
 
     /// Responder, after an in-order packet: executes kept packets that are
@@ -336,20 +405,25 @@ impl Qp {
         }
         loop {
             if !matches!(self.state, QpState::Rtr | QpState::Rts) {
-                self.reorder.clear();
+                self.reorder.release(ctx.reorder);
                 return;
             }
-            self.reorder.discard_before(self.epsn);
-            let Some(index) = self.reorder.index_of(self.epsn) else {
+            self.reorder.discard_before(ctx.reorder, self.epsn);
+            let Some(index) = self.reorder.index_of(ctx.reorder, self.epsn) else {
                 break;
             };
-            let Some(held) = self.reorder.held[index].take() else {
+            let Some(lease) = self.reorder.lease.map(usize::from) else {
+                break;
+            };
+            let Some(held) = ctx.reorder.buffers[lease].held[index].take() else {
                 break;
             };
             self.reorder.kept -= 1;
-            let buf = core::mem::take(&mut self.reorder.buf);
+            // The payload stays where it is: the buffer's bytes are moved out
+            // of the pool (no copy, no allocation) while the packet runs.
+            let bytes = core::mem::take(&mut ctx.reorder.buffers[lease].bytes);
             let start = index * self.reorder.slot;
-            let payload = buf.get(start..start + held.len as usize).unwrap_or(&[]);
+            let payload = bytes.get(start..start + held.len as usize).unwrap_or(&[]);
             let frame = RoceFrame {
                 eth: held.eth,
                 ip: held.ip,
@@ -361,17 +435,16 @@ impl Qp {
             };
             let before = self.epsn;
             self.handle_request(&frame, ctx);
-            self.reorder.buf = buf;
+            ctx.reorder.buffers[lease].bytes = bytes;
             if self.epsn == before {
                 // Not executed (RNR NAK, or an error): the requester resends
                 // it after the RNR wait; nothing to NAK now.
                 return;
             }
         }
-        if self.reorder.gap(self.epsn).is_none() {
-            self.reorder.seen_end = None;
-            self.reorder.naked = None;
-        } else if self.reorder.naked != Some(self.epsn) {
+        if self.reorder.gap(ctx.reorder, self.epsn).is_none() {
+            self.reorder.release(ctx.reorder);
+        } else if !self.reorder.told(self.epsn) {
             self.selective_nak(ctx);
         }
     }
@@ -427,6 +500,7 @@ impl Qp {
                 continue;
             }
             self.resend.unmark(psn);
+            self.timer.forget_sample(psn);
             let Some(index) = self.sq.iter().position(|wqe| wqe.contains(psn)) else {
                 psn = psn.wrapping_add(1);
                 continue;
