@@ -32,6 +32,12 @@ pub struct BenchLossArgs {
     /// Random pieces of 512 B..1 MiB.
     #[arg(long, default_value_t = 300)]
     pieces: u32,
+    /// Write every relayed frame of each pass to DIR/{lossless,lossy}.pcap.
+    #[arg(long)]
+    pcap: Option<PathBuf>,
+    /// Only the lossy pass (with the lossless one skipped, no ratio).
+    #[arg(long)]
+    lossy_only: bool,
 }
 
 const MANIFEST: &str = include_str!("../../examples/two-ram-volumes.toml");
@@ -78,7 +84,16 @@ fn one(
     std::fs::create_dir_all(&dir)?;
     let manifest = dir.join("manifest.toml");
     std::fs::write(&manifest, MANIFEST)?;
-    let relay = Relay::start(&dir.join("a.sock"), &dir.join("b.sock"), 0x1b1c, None)?;
+    let pcap = args
+        .pcap
+        .as_ref()
+        .map(|pcap| pcap.join(format!("{name}.pcap")));
+    let relay = Relay::start(
+        &dir.join("a.sock"),
+        &dir.join("b.sock"),
+        0x1b1c,
+        pcap.as_deref(),
+    )?;
     let target_process = TargetProcess::start(
         target,
         &manifest,
@@ -190,7 +205,19 @@ pub fn run(args: BenchLossArgs) -> Result<()> {
         _ => crate::util::build_target_and_cli()?,
     };
     let dir = crate::paths::scratch("bench-loss");
-    let clean = one(&target, &cli, &dir, false, &args)?;
+    if let Some(pcap) = &args.pcap {
+        std::fs::create_dir_all(pcap)?;
+    }
+    let clean = if args.lossy_only {
+        Outcome {
+            verify: Vec::new(),
+            pieces: Vec::new(),
+            relay: "skipped".into(),
+            target_tail: String::new(),
+        }
+    } else {
+        one(&target, &cli, &dir, false, &args)?
+    };
     let lossy = one(&target, &cli, &dir, true, &args)?;
     println!();
     println!("bench-loss: {} and {}", target.display(), cli.display());
