@@ -267,7 +267,10 @@ pub fn run(args: BenchLossArgs) -> Result<()> {
         cli.display(),
         args.runs.max(1)
     );
-    println!("  loss mix: 2 % drop, 2 % reorder, 1 % duplicate, 0.1 % corrupt (RoCE data frames, both directions)");
+    println!(
+        "  loss mix: 2 % drop, 2 % reorder, 1 % duplicate, 0.1 % corrupt \
+         (RoCE data frames, both directions)"
+    );
     println!(
         "  128 KiB QD1 verify write: {}",
         ratio(&lossy.verify, &clean.verify, 0)

@@ -46,6 +46,15 @@
 //! alone still decides when the retry count runs out (the `requester`
 //! module describes the timer; [`Qp::rtt_estimate`] shows it).
 //!
+//! # Selective retransmission
+//!
+//! Between two Brick ends that negotiated it (CM reserved bits,
+//! [`QpParams::selective_retransmission`]) the go-back-N below is replaced
+//! by the [`selective`] scheme: the responder keeps packets ahead of the
+//! expected PSN in a buffer lent by the HCA's pool and NAKs only what is
+//! missing; the requester resends only that. A QP with a Linux peer runs
+//! exactly the standard transport described here.
+//!
 //! # Responder
 //!
 //! In-order PSNs only: a PSN ahead of the expected one gets one NAK 0x60

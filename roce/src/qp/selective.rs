@@ -10,31 +10,35 @@
 //! - **Responder.** A request packet up to [`WINDOW`] PSNs ahead of the
 //!   expected PSN is kept in a bounded reorder buffer ([`REORDER_BYTES`] of
 //!   payload and [`MAX_HELD`] entries, lent by the HCA's [`ReorderPool`]
-//!   while the gap lasts) instead of being dropped. When the missing packet arrives, the kept ones are
-//!   executed in PSN order by the ordinary in-order code, so placement,
-//!   completions, ACKs and errors are exactly those of in-order arrival.
-//!   What is missing is reported with a NAK PSN Sequence Error naming the
-//!   expected PSN (as the standard does, an implied ACK of everything before
-//!   it) whose MSN field carries the number of consecutive missing PSNs from
-//!   there (up to the first kept packet). The NAK goes out when a gap opens
-//!   or the expected PSN moves past the PSNs the last NAK named onto a gap
-//!   (never for PSNs the requester is resending already), and whenever a
-//!   packet asking for an ACK (AckReq) arrives ahead of a gap (a lost NAK or
-//!   a lost retransmission is asked about again).
+//!   while the gap lasts) instead of being dropped. When the missing packet
+//!   arrives, the kept ones are executed in PSN order by the ordinary
+//!   in-order code, so placement, completions, ACKs and errors are exactly
+//!   those of in-order arrival. What is missing is reported with a NAK PSN
+//!   Sequence Error naming the expected PSN (as the standard does, an
+//!   implied ACK of everything before it) whose MSN field carries the
+//!   number of consecutive missing PSNs from there (up to the first kept
+//!   packet). The NAK goes out when a gap opens or the expected PSN moves
+//!   past the PSNs the last NAK named onto a gap (never for PSNs the
+//!   requester is resending already), and whenever a packet asking for an
+//!   ACK (AckReq) arrives ahead of a gap (a lost NAK or a lost
+//!   retransmission is asked about again).
 //! - **Requester.** Such a NAK resends only the PSNs it names (a READ once,
 //!   from its first named PSN), never the whole window, and does not consume
-//!   the retry count. A retransmit timeout resends the oldest unacknowledged
-//!   packet and the newest one sent (a tail probe; the responder's answer to
-//!   it names any remaining gap) instead of going back N, and the timer's
-//!   floor is [`config::SELECTIVE_MIN_RETRANSMIT_TIMEOUT_NS`], since an early
-//!   expiry costs two packets rather than a window; for the same reason a
-//!   single long delay (a held frame) moves the estimate little: a sample
-//!   counts as at most 2·SRTT + G and the margin over SRTT is at most 2·G. Only the last packet of
-//!   a batch of resends asks for an ACK. The window is at most what the
-//!   peer's buffer keeps ([`held_limit`]: 128 PSNs at MTU 1024, 32 at 4096),
-//!   so nothing is dropped for lack of room. An RNR NAK resends, after the
-//!   RNR wait, the refused packet alone (the peer kept the ones after it).
-//!   Lost READ responses still go back N as in the standard.
+//!   the retry count. Only the last packet of a batch of resends asks for an
+//!   ACK. A retransmit timeout resends the oldest unacknowledged packet and
+//!   the newest one sent (a tail probe; the responder's answer to it names
+//!   any remaining gap) instead of going back N. The timer's floor is
+//!   [`config::SELECTIVE_MIN_RETRANSMIT_TIMEOUT_NS`], since an early expiry
+//!   costs two packets rather than a window; for the same reason a single
+//!   long delay (a held frame) moves the estimate little: a sample counts
+//!   as at most 2·SRTT + G and the margin over SRTT is at most 2·G. The
+//!   window is at most what the peer's buffer keeps ([`held_limit`]: 128
+//!   PSNs at MTU 1024, 32 at 4096), so nothing is dropped for lack of room.
+//!   An RNR NAK resends, after the RNR wait, the refused packet alone (the
+//!   peer kept the ones after it). Lost READ responses still go back N as
+//!   in the standard.
+//!
+//! [`QpParams::selective_retransmission`]: super::QpParams::selective_retransmission
 
 use alloc::vec::Vec;
 
@@ -44,9 +48,9 @@ use crate::wire::{
     BthRepr, EthernetRepr, ExtHeaders, Ipv4Repr, NakCode, RoceFrame, Syndrome, UdpRepr,
 };
 
-/// Payload bytes a QP's reorder buffer holds (allocated once, with the QP).
+/// Payload bytes of one reorder buffer (allocated once, with the HCA).
 pub const REORDER_BYTES: usize = 128 << 10;
-/// Most packets kept out of order per QP.
+/// Most packets one reorder buffer keeps.
 pub const MAX_HELD: usize = 128;
 /// How far ahead of the expected PSN a packet is kept, and the span of the
 /// requester's resend marks: above the 129 PSNs a requester may have
@@ -530,5 +534,61 @@ impl Qp {
             self.resend.clear(self.una);
         }
         sent
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{held_limit, Reorder, ReorderPool, Resend, MAX_HELD, WINDOW};
+    use crate::types::Psn;
+
+    #[test]
+    fn held_limit_follows_the_mtu() {
+        assert_eq!(held_limit(256), MAX_HELD as u32);
+        assert_eq!(held_limit(1024), 128);
+        assert_eq!(held_limit(2048), 64);
+        assert_eq!(held_limit(4096), 32);
+        assert_eq!(held_limit(0), MAX_HELD as u32);
+    }
+
+    #[test]
+    fn resend_marks_survive_the_psn_wrap_and_clear_behind_una() {
+        let mut resend = Resend::new();
+        let base = Psn::new(0x00ff_fff0);
+        resend.clear(base);
+        for offset in [0u32, 5, 20, 100] {
+            let psn = base.wrapping_add(offset);
+            let (word, mask) = Resend::bit(psn);
+            resend.bits[word] |= mask;
+            resend.marked += 1;
+        }
+        assert!(resend.is_marked(base.wrapping_add(20)));
+        assert!(!resend.is_marked(base.wrapping_add(21)));
+        // una moves past three marks (across the wrap): they are cleared.
+        resend.advance(base.wrapping_add(21));
+        assert_eq!(resend.marked, 1);
+        assert!(!resend.is_marked(base));
+        assert!(resend.is_marked(base.wrapping_add(100)));
+        // A jump of a whole window or more clears everything.
+        resend.advance(base.wrapping_add(21 + WINDOW));
+        assert!(!resend.pending());
+    }
+
+    #[test]
+    fn a_lease_is_given_back_once() {
+        let mut pool = ReorderPool::with_capacity(2);
+        assert_eq!((pool.available(), pool.capacity()), (2, 2));
+        let mut reorder = Reorder::new();
+        reorder.configure(1024);
+        reorder.lease = pool.free.pop();
+        assert_eq!(pool.available(), 1);
+        reorder.kept = 3;
+        reorder.release(&mut pool);
+        assert_eq!(pool.available(), 2);
+        assert!(!reorder.leased());
+        assert_eq!(reorder.kept, 0);
+        // Releasing again gives nothing back twice.
+        reorder.release(&mut pool);
+        assert_eq!(pool.available(), 2);
     }
 }
