@@ -114,6 +114,7 @@ fn params(
         max_dest_rd_atomic: 1 + script.below(4),
         remote_access: AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ,
         path: local.hca.path_to(qpn, peer.mac, peer.ip),
+        selective_retransmission: false,
     }
 }
 

@@ -132,6 +132,7 @@ fn params(
         max_dest_rd_atomic: 16,
         remote_access: AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ,
         path: local.path_to(qpn, peer_config.mac, peer_config.ip),
+        selective_retransmission: false,
     }
 }
 

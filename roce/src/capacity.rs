@@ -13,6 +13,7 @@
 //! ([`crate::hca::QpError::CompletionQueueFull`]) when the CQ cannot.
 //! [`HcaCapacity::new`] makes the CQ hold the budget of every QP.
 
+use crate::qp::selective::ReorderPool;
 use core::fmt;
 
 use verbs::memory::Arena;
@@ -45,7 +46,16 @@ pub struct HcaCapacity {
     /// (timewait, a REJ's retries) after its QP is gone, so more than
     /// `qps` ([`HcaCapacity::new`]: twice, plus [`SPARE_CM_CONNECTIONS`]).
     pub cm_connections: usize,
+    /// Reorder buffers for selective retransmission
+    /// (`docs/protocol/selective-retransmission.md`), lent to a QP while it
+    /// has a gap: [`HcaCapacity::new`] gives `min(qps,`
+    /// [`REORDER_BUFFERS`]`)`.
+    pub reorder_buffers: usize,
 }
+
+/// Reorder buffers [`HcaCapacity::new`] gives an HCA (at most one per QP):
+/// a gap lasts about a round trip, so a few serve many QPs.
+pub const REORDER_BUFFERS: usize = 8;
 
 /// CM connection slots [`HcaCapacity::new`] adds to twice the QPs.
 pub const SPARE_CM_CONNECTIONS: usize = 16;
@@ -104,6 +114,8 @@ pub struct HcaMemory {
     pub cq: usize,
     /// The memory-region table.
     pub regions: usize,
+    /// The reorder buffers.
+    pub reorder: usize,
 }
 
 impl HcaMemory {
@@ -113,6 +125,7 @@ impl HcaMemory {
             .saturating_add(self.cm)
             .saturating_add(self.cq)
             .saturating_add(self.regions)
+            .saturating_add(self.reorder)
     }
 }
 
@@ -139,6 +152,7 @@ impl HcaCapacity {
                 .saturating_mul(2)
                 .saturating_add(SPARE_CM_CONNECTIONS)
                 .min(MAX_QPS),
+            reorder_buffers: qps.min(REORDER_BUFFERS),
         };
         capacity.check()?;
         Ok(capacity)
@@ -160,6 +174,7 @@ impl HcaCapacity {
             recv_depth,
             cq_entries: C.max(qps * (send_depth + recv_depth)),
             cm_connections: qps,
+            reorder_buffers: qps.min(REORDER_BUFFERS),
         }
     }
 
@@ -203,6 +218,7 @@ impl HcaCapacity {
             cm: self.cm_connections.saturating_mul(Cm::<0>::slot_bytes()),
             cq: CompletionQueue::bytes_for(self.cq_entries),
             regions: Arena::<&mut [u8]>::table_bytes(self.regions),
+            reorder: ReorderPool::bytes_for(self.reorder_buffers),
         }
     }
 }

@@ -97,6 +97,7 @@ use crate::cm::{
     self, guid_from_mac, Cm, CmError, ConnectParams, LocalQp, Outbound, PeerAddr, QpAttributes,
     Route, REQ_USER_DATA_LEN,
 };
+use crate::qp::selective::ReorderPool;
 use crate::qp::{
     CompletionQueue, ConnectQpError, Context, Counters, CqReserveError, FrameSink, Path, Qp,
     QpParams, QpState,
@@ -342,6 +343,8 @@ pub struct Hca<S, K, const N: usize = 0, const Q: usize = 0, const C: usize = 0>
     /// [`Hca::poll`] visits.
     wake: WakeSet,
     cq: CompletionQueue,
+    /// Reorder buffers lent to selective-retransmission QPs.
+    reorder: ReorderPool,
     counters: Counters,
     control: ControlCounters,
     config: HcaConfig,
@@ -439,6 +442,7 @@ where
             failed: SlotSet::with_capacity(qps),
             wake: WakeSet::with_capacity(qps),
             cq: CompletionQueue::with_capacity(capacity.cq_entries),
+            reorder: ReorderPool::with_capacity(capacity.reorder_buffers),
             counters: Counters::default(),
             control: ControlCounters::default(),
             config,
@@ -627,6 +631,7 @@ where
             return;
         };
         self.occupied.remove(slot);
+        qp.release_reorder(&mut self.reorder);
         qp.release(&mut self.arena);
         let held = qp.completions_held();
         self.cq
@@ -686,6 +691,12 @@ where
     /// The QP of `conn`.
     pub fn qp(&self, conn: ConnId) -> Option<&Qp> {
         self.slot_of(conn).and_then(|slot| self.qps[slot].as_ref())
+    }
+
+    /// Reorder buffers of the selective-retransmission pool not lent to a
+    /// QP now, and the pool's size.
+    pub fn reorder_buffers(&self) -> (usize, usize) {
+        (self.reorder.available(), self.reorder.capacity())
     }
 
     /// The state of QP `conn`.
@@ -827,6 +838,7 @@ where
         let mut ctx = Context {
             arena: &mut self.arena,
             cq: &mut self.cq,
+            reorder: &mut self.reorder,
             counters: &mut self.counters,
         };
         qp.receive(now, &parsed, &mut ctx);
@@ -1005,6 +1017,7 @@ where
             let mut ctx = Context {
                 arena: &mut self.arena,
                 cq: &mut self.cq,
+                reorder: &mut self.reorder,
                 counters: &mut self.counters,
             };
             budget -= qp.poll(now, &mut ctx, sink, budget);

@@ -200,8 +200,10 @@ fn rping_passive_exchange_to_timewait() {
 }
 
 /// The active side: a REQ built from the captured client's choices equals the
-/// captured REQ byte for byte (Brick's initiator looks like a Linux client).
-fn check_req(capture: &str, req_frame: usize) {
+/// captured REQ byte for byte (Brick's initiator looks like a Linux client)
+/// when it does not offer selective retransmission; offering it sets bit 0
+/// of the reserved MAD byte 28 and changes nothing else.
+fn check_req(capture: &str, req_frame: usize, selective: bool) {
     let capture = Capture::load(capture);
     let frames = capture.frames();
     let req = mad_at(&frames, req_frame);
@@ -211,7 +213,10 @@ fn check_req(capture: &str, req_frame: usize) {
     };
     let cma = rdma_cm::Repr::parse(&rdma_cm::Packet::new_unchecked(r.private_data)).unwrap();
     let client = req.route.peer;
-    let mut cm = Cm::<2>::new(Config::new(r.local_ca_guid));
+    let mut cm = Cm::<2>::new(Config {
+        selective_retransmission: selective,
+        ..Config::new(r.local_ca_guid)
+    });
     assert_eq!(r.local_ca_guid, guid_from_mac(client.mac));
     // Random values: the comm ID, then the TID's high half.
     let values = [r.local_comm_id, (parsed.transaction_id >> 32) as u32];
@@ -251,22 +256,36 @@ fn check_req(capture: &str, req_frame: usize) {
         .unwrap();
     let out = cm.dispatch().unwrap();
     assert_eq!(out.route, route);
+    let mut expected = req.mad.to_vec();
+    if selective {
+        assert_eq!(expected[28], 0, "Linux leaves the reserved byte 0");
+        expected[28] = 0x01;
+    }
+    let Message::Req(ours) = cm::Repr::parse(&out.mad).unwrap().message else {
+        panic!()
+    };
+    assert_eq!(ours.brick_selective, selective);
     assert_eq!(
-        cm::Repr::parse(&out.mad).unwrap(),
-        parsed,
+        cm::ReqRepr {
+            brick_selective: false,
+            ..ours
+        },
+        r,
         "{} frame {req_frame}",
         capture.name
     );
-    assert_eq!(&out.mad[..], req.mad);
+    assert_eq!(&out.mad[..], &expected[..]);
     assert_eq!(cm.state(conn), Some(State::ReqSent));
 }
 
 #[test]
 fn req_equals_the_linux_client_req() {
-    check_req("rping-linux", 5);
-    check_req("rnbd-linux-srv-linux-clt", 5);
-    check_req("rnbd-linux-srv-linux-clt", 8);
-    check_req("rnbd-2cpu", 11);
+    for selective in [false, true] {
+        check_req("rping-linux", 5, selective);
+        check_req("rnbd-linux-srv-linux-clt", 5, selective);
+        check_req("rnbd-linux-srv-linux-clt", 8, selective);
+        check_req("rnbd-2cpu", 11, selective);
+    }
 }
 
 /// The rnbd close: the client's two DREQs get DREPs equal to the Linux server's

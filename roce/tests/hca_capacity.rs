@@ -64,6 +64,7 @@ fn params(local: &RuntimeHca, conn: ConnId, peer: &RuntimeHca, peer_conn: ConnId
         max_dest_rd_atomic: 4,
         remote_access: AccessFlags::REMOTE_WRITE,
         path: local.path_to(qpn, peer.config().mac, peer.config().ip),
+        selective_retransmission: false,
     }
 }
 

@@ -516,3 +516,33 @@ fn transport_failure_surfaces_disconnected() {
         .expect("the SEND completed");
     assert_eq!(wc.status, WcStatus::RetryExcErr);
 }
+
+/// Two Brick ends: the REQ offers selective retransmission (reserved MAD
+/// byte 28, bit 0), the REP accepts it (reserved MAD byte 51, bit 0), and
+/// both QPs run it (docs/protocol/selective-retransmission.md §2). The
+/// Linux cases are the captures: a Linux REQ gets a REP equal to Linux's
+/// (cm_capture), a Linux REP leaves Brick's client on go-back-N
+/// (hca_rping_replay).
+#[test]
+fn two_brick_ends_negotiate_selective_retransmission() {
+    let mut net = Net::new(7);
+    let c = connect(&mut net);
+    let mad = |attribute: u16| {
+        net.sent
+            .iter()
+            .find(|(_, f)| cm_attribute(f) == Some(attribute))
+            .map(|(_, f)| f[62..].to_vec())
+            .expect("CM message sent")
+    };
+    assert_eq!(mad(attr::REQ)[28], 0x01, "REQ offer");
+    assert_eq!(mad(attr::REP)[51] & 0x0f, 0x01, "REP acceptance");
+    for (side, conn) in [(CLIENT, c.client), (SERVER, c.server)] {
+        let params = net.hcas[side].qp(conn).unwrap().params().copied();
+        assert_eq!(
+            params.map(|p| p.selective_retransmission),
+            Some(true),
+            "side {side}"
+        );
+    }
+    exchange_data(&mut net, &c);
+}

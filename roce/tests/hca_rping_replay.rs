@@ -378,6 +378,11 @@ fn compare_client(index: usize, brick: &[u8], captured: &[u8], choices: &ClientC
             mask(70..78); // TID: random
             mask(CM_BODY..CM_BODY + 4); // our local comm ID
             if u16::from_be_bytes([parsed.payload[16], parsed.payload[17]]) == 0x10 {
+                // Brick's selective-retransmission offer, a reserved bit
+                // the Linux server ignores (its REP answers 0, so the
+                // connection runs standard go-back-N, byte for byte below).
+                assert_eq!(brick[CM_BODY + 4], 0x01, "frame {index}: REQ offer bit");
+                mask(CM_BODY + 4..CM_BODY + 5);
                 mask(CM_BODY + 32..CM_BODY + 35); // our QPN
                 mask(CM_BODY + 44..CM_BODY + 47); // our starting PSN
                 mask(CM_BODY + 88..CM_BODY + 91); // flow label (from the source port)

@@ -258,6 +258,8 @@ impl ReqParts {
             max_cm_retries: max_cm,
             srq,
             extended_transport_type: ext,
+            // Both values of Brick's reserved bit, from bits already drawn.
+            brick_selective: rdc ^ srq,
             primary_path: self.paths.0,
             alternate_path: self.paths.1,
             private_data: &self.private_data,
@@ -348,6 +350,7 @@ impl RepParts {
             end_to_end_flow_control,
             rnr_retry_count,
             srq,
+            brick_selective: srq ^ end_to_end_flow_control,
             local_ca_guid: self.guid,
             private_data: &self.private_data,
         }

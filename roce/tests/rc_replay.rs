@@ -234,6 +234,7 @@ fn replay(name: &str) -> Replay {
                 tos: any_server.ip.tos,
                 ttl: any_server.ip.ttl,
             },
+            selective_retransmission: false,
         };
         // The passive side: ready to receive before the REP, ready to send
         // once the connection is established (here: its first request).

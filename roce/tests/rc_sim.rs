@@ -504,6 +504,18 @@ impl Sim {
 
 /// Runs `total` WRs per side with `faults`; returns both sides' counters.
 fn soak(seed: u64, mtu: Mtu, total: usize, max_len: u32, faults: Faults) -> [Counters; 2] {
+    soak_with(seed, mtu, total, max_len, faults, false)
+}
+
+/// [`soak`] with both QPs running Brick's selective retransmission or not.
+fn soak_with(
+    seed: u64,
+    mtu: Mtu,
+    total: usize,
+    max_len: u32,
+    faults: Faults,
+    selective: bool,
+) -> [Counters; 2] {
     let slot_size = max_len.max(64);
     let memory = slot_size as usize * (2 * SLOTS + 1 + RECVS) + (1 << 16);
     let mut pair = Pair::new(PairConfig {
@@ -513,6 +525,7 @@ fn soak(seed: u64, mtu: Mtu, total: usize, max_len: u32, faults: Faults) -> [Cou
         ack_timeout: 8,
         memory,
         seed,
+        selective,
         ..PairConfig::default()
     });
     pair.filter = Box::new(move |_, _, rng| {
@@ -599,6 +612,38 @@ fn soak_hostile_link() {
     }
 }
 
+/// The same mixed work (READs, RNR NAKs, invalidations included) with
+/// selective retransmission on both ends: every byte and completion is
+/// checked as with go-back-N, and packets were really kept out of order.
+#[test]
+fn soak_selective() {
+    for (seed, mtu, max_len, faults) in [
+        (31, Mtu::Mtu1024, 1 << 20, SPEC),
+        (32, Mtu::Mtu4096, 256 << 10, SPEC),
+        (33, Mtu::Mtu1024, 64 << 10, HOSTILE),
+        (34, Mtu::Mtu512, 64 << 10, HOSTILE),
+        (35, Mtu::Mtu256, 64 << 10, LOSSY),
+    ] {
+        let [a, b] = soak_with(seed, mtu, 150, max_len, faults, true);
+        assert!(
+            a.kept_out_of_order + b.kept_out_of_order > 0,
+            "seed {seed}: nothing kept out of order\n{a:?}\n{b:?}"
+        );
+    }
+    // Without loss only RNR NAKs cost a resend, of the refused packet
+    // alone (go-back-N resends everything after it).
+    let [a, b] = soak_with(36, Mtu::Mtu1024, 150, 256 << 10, CLEAN, true);
+    assert!(a.rnr_naks_sent + b.rnr_naks_sent > 0, "{a:?}\n{b:?}");
+    for counters in [a, b] {
+        assert_eq!(counters.timeouts, 0, "{counters:?}");
+        assert_eq!(counters.drop_bad_checksum, 0, "{counters:?}");
+        assert!(
+            counters.retransmissions <= counters.rnr_naks_received,
+            "{counters:?}"
+        );
+    }
+}
+
 /// The full soak: 10,000 WRs per side and configuration. Sizes go up to
 /// 1 MiB on the clean, 1 % and 2 % loss links; on the hostile link (5 % loss)
 /// go-back-N resends up to a window per loss, so its messages stay smaller
@@ -615,11 +660,13 @@ fn soak_full() {
         (104, Mtu::Mtu4096, HOSTILE, 256 << 10),
         (105, Mtu::Mtu1024, CLEAN, 1 << 20),
     ];
-    for (seed, mtu, faults, max_len) in runs {
+    for ((seed, mtu, faults, max_len), selective) in
+        runs.into_iter().flat_map(|run| [(run, false), (run, true)])
+    {
         let started = std::time::Instant::now();
-        let [a, b] = soak(seed, mtu, 10_000, max_len, faults);
+        let [a, b] = soak_with(seed, mtu, 10_000, max_len, faults, selective);
         eprintln!(
-            "seed {seed} {mtu:?} {faults:?} up to {max_len} B: {} frames, {} retransmitted, \
+            "seed {seed} {mtu:?} {faults:?} selective {selective} up to {max_len} B: {} frames, {} retransmitted, \
              {} timeouts, {} NAKs, {} RNR NAKs, {:.1} s",
             a.frames_out + b.frames_out,
             a.retransmissions + b.retransmissions,

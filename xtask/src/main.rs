@@ -9,6 +9,7 @@
 mod bench;
 mod bench_cost;
 mod bench_initiator;
+mod bench_loss;
 mod bench_scale;
 mod callgrind;
 mod demo;
@@ -72,6 +73,9 @@ enum Command {
     BenchVm(bench::BenchArgs),
     /// Brick's initiator (`brick bench`) against every target it reaches.
     BenchInitiator(bench_initiator::BenchInitiatorArgs),
+    /// Brick's initiator and the hosted target through the relay,
+    /// lossless and with the loss mix of issue 17: MB/s and the ratio.
+    BenchLoss(bench_loss::BenchLossArgs),
     /// One hosted target against 10, 100 and 1,000 concurrent sessions
     /// (and 100 `brick bench` processes): connect time, IOPS, latency,
     /// memory and CPU per session.
@@ -119,6 +123,7 @@ fn main() {
         Command::Relay(args) => relay::run_standalone(args),
         Command::BenchVm(args) => bench::run(args),
         Command::BenchInitiator(args) => bench_initiator::run(args),
+        Command::BenchLoss(args) => bench_loss::run(args),
         Command::BenchScale(args) => bench_scale::run(args),
         Command::BenchCost(args) => bench_cost::run(args),
         Command::Fuzz(args) => fuzz::run_fuzz(args),

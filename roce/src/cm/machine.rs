@@ -151,6 +151,7 @@ const NO_QP: QpAttributes = QpAttributes {
     hop_limit: DEFAULT_HOP_LIMIT,
     remote_ca_guid: 0,
     peer_srq: false,
+    selective_retransmission: false,
 };
 
 const UNSPECIFIED: Ipv4Address = Ipv4Address::new(0, 0, 0, 0);
@@ -953,6 +954,7 @@ impl<const N: usize> Cm<N> {
             },
             remote_ca_guid: req.local_ca_guid,
             peer_srq: req.srq,
+            selective_retransmission: req.brick_selective && self.config.selective_retransmission,
         };
         let user_data = req
             .private_data
@@ -1017,6 +1019,8 @@ impl<const N: usize> Cm<N> {
                 conn.qp.peer_initiator_depth = rep.initiator_depth;
                 conn.qp.remote_ca_guid = rep.local_ca_guid;
                 conn.qp.peer_srq = rep.srq;
+                conn.qp.selective_retransmission =
+                    rep.brick_selective && self.config.selective_retransmission;
                 conn.peer_private_data = copy_private_data(rep.private_data);
                 conn.state = State::RepRcvd;
                 conn.timer = None;
@@ -1239,6 +1243,7 @@ impl<const N: usize> Cm<N> {
             end_to_end_flow_control: record.request.flow_control,
             rnr_retry_count: local.rnr_retry_count.min(7),
             srq: local.srq,
+            brick_selective: record.qp.selective_retransmission,
             local_ca_guid: self.config.local_ca_guid,
             private_data,
         };
@@ -1423,6 +1428,7 @@ impl<const N: usize> Cm<N> {
             max_cm_retries: config.max_cm_retries.min(15),
             srq: params.qp.srq,
             extended_transport_type: 0,
+            brick_selective: config.selective_retransmission,
             primary_path,
             alternate_path: PathRepr::default(),
             private_data: &private_data,

@@ -160,6 +160,11 @@ pub struct Config {
     /// Upper bound on any CM timer exponent taken from the peer (REQ response
     /// timeout, MRA service timeout): a hostile peer cannot park a slot for hours.
     pub max_peer_timeout_exponent: u8,
+    /// Offer Brick's selective retransmission (a reserved bit of our REQ,
+    /// accepted by a reserved bit of the REP only when the REQ offered it;
+    /// `docs/protocol/selective-retransmission.md`). A Linux peer sends and
+    /// answers 0, so its connections keep standard go-back-N.
+    pub selective_retransmission: bool,
 }
 
 impl Config {
@@ -176,6 +181,7 @@ impl Config {
             accept_timeout: 60_000 * MILLISECOND,
             max_path_mtu: Mtu::Mtu4096,
             max_peer_timeout_exponent: 24,
+            selective_retransmission: true,
         }
     }
 }
@@ -275,6 +281,10 @@ pub struct QpAttributes {
     pub remote_ca_guid: u64,
     /// The peer uses a shared receive queue (informational).
     pub peer_srq: bool,
+    /// Both ends offered Brick's selective retransmission (REQ and REP
+    /// reserved bits, `docs/protocol/selective-retransmission.md`): the QP
+    /// runs it instead of go-back-N.
+    pub selective_retransmission: bool,
 }
 
 /// A connection request (passive side), reported by [`Event::ConnectRequest`].

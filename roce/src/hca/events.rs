@@ -36,6 +36,7 @@ where
                 let mut ctx = Context {
                     arena: &mut self.arena,
                     cq: &mut self.cq,
+                    reorder: &mut self.reorder,
                     counters: &mut self.counters,
                 };
                 qp.enter_error(&mut ctx, verbs::WcStatus::WrFlushErr);
@@ -210,6 +211,7 @@ where
                 tos: attributes.traffic_class,
                 ttl: attributes.hop_limit,
             },
+            selective_retransmission: attributes.selective_retransmission,
         }
     }
 

@@ -46,6 +46,15 @@
 //! alone still decides when the retry count runs out (the `requester`
 //! module describes the timer; [`Qp::rtt_estimate`] shows it).
 //!
+//! # Selective retransmission
+//!
+//! Between two Brick ends that negotiated it (CM reserved bits,
+//! [`QpParams::selective_retransmission`]) the go-back-N below is replaced
+//! by the [`selective`] scheme: the responder keeps packets ahead of the
+//! expected PSN in a buffer lent by the HCA's pool and NAKs only what is
+//! missing; the requester resends only that. A QP with a Linux peer runs
+//! exactly the standard transport described here.
+//!
 //! # Responder
 //!
 //! In-order PSNs only: a PSN ahead of the expected one gets one NAK 0x60
@@ -88,6 +97,7 @@ use crate::wire::{BthRepr, Trailer};
 
 mod requester;
 mod responder;
+pub mod selective;
 
 pub mod config {
     //! Default depths of a queue pair, its fixed capacities and the
@@ -149,6 +159,12 @@ pub mod config {
     /// is well above the multi-millisecond round trips of TCG guests, yet
     /// 20 times below the 2.15 s default; one valid sample replaces it.
     pub const INITIAL_RETRANSMIT_TIMEOUT_NS: u64 = 100_000_000;
+    /// Floor of the adaptive retransmit timeout on a QP with selective
+    /// retransmission (both ends Brick, [`super::selective`]): 1 ms. An
+    /// expiry there resends two packets (the oldest unacknowledged and the
+    /// newest), not a window, so firing early is cheap, while a lost tail
+    /// packet at queue depth 1 costs a millisecond instead of five.
+    pub const SELECTIVE_MIN_RETRANSMIT_TIMEOUT_NS: u64 = 1_000_000;
 }
 
 /// QP states, named after the IBTA's (roce-v2.md §2.1).
@@ -220,6 +236,10 @@ pub struct QpParams {
     pub remote_access: AccessFlags,
     /// Addressing.
     pub path: Path,
+    /// Selective retransmission ([`selective`], Brick's extension): set
+    /// only when both ends are Brick and said so in the CM exchange; off,
+    /// the QP speaks standard go-back-N.
+    pub selective_retransmission: bool,
 }
 
 impl QpParams {
@@ -283,6 +303,9 @@ pub struct Counters {
     pub drop_bad_opcode: u64,
     /// Dropped by the responder: out-of-sequence packets after the NAK.
     pub drop_out_of_sequence: u64,
+    /// Requests kept out of order by a selective responder (executed once
+    /// the missing packets arrive).
+    pub kept_out_of_order: u64,
     /// Duplicate requests seen (re-ACKed or replayed, never re-executed).
     pub duplicates: u64,
     /// Stale or bogus ACKs/responses ignored by the requester.
@@ -431,6 +454,8 @@ pub struct Context<'a, S, const N: usize> {
     pub arena: &'a mut Arena<S, N>,
     /// Where completions go.
     pub cq: &'a mut CompletionQueue,
+    /// Reorder buffers lent to selective QPs.
+    pub reorder: &'a mut selective::ReorderPool,
     /// Counters to bump.
     pub counters: &'a mut Counters,
 }
@@ -612,6 +637,10 @@ pub struct Qp {
     read_next: usize,
     read_seq: u32,
     out: Deque<Response, { config::RESPONSE_DEPTH }>,
+    /// Selective retransmission: the responder's out-of-order packets.
+    reorder: selective::Reorder,
+    /// Selective retransmission: the requester's PSNs to resend.
+    resend: selective::Resend,
 }
 
 impl Qp {
@@ -704,6 +733,8 @@ impl Qp {
             read_next: 0,
             read_seq: 0,
             out: Deque::new(),
+            reorder: selective::Reorder::new(),
+            resend: selective::Resend::new(),
         }
     }
 
@@ -894,6 +925,15 @@ impl Qp {
         self.rnr_left = params.rnr_retry.min(7);
         self.epsn = params.recv_psn;
         self.ack_psn = params.recv_psn.wrapping_sub(1);
+        self.reorder.configure(self.mtu);
+        self.resend.clear(params.send_psn);
+        self.timer.set_floor(if params.selective_retransmission {
+            config::SELECTIVE_MIN_RETRANSMIT_TIMEOUT_NS
+        } else {
+            config::MIN_RETRANSMIT_TIMEOUT_NS
+        });
+        self.timer
+            .set_outlier_limits(params.selective_retransmission);
         self.params = Some(params);
         self.state = QpState::Rtr;
         Ok(())
@@ -996,7 +1036,12 @@ impl Qp {
                     ctx.counters.drop_bad_opcode += 1;
                 }
             }
-            _ => self.handle_request(frame, ctx),
+            _ => {
+                self.handle_request(frame, ctx);
+                if self.selective() {
+                    self.drain_kept(ctx);
+                }
+            }
         }
     }
 
@@ -1017,6 +1062,7 @@ impl Qp {
         self.state = QpState::Err;
         self.retransmit_deadline = None;
         self.rnr_until = None;
+        self.reorder.release(ctx.reorder);
         while let Some(wqe) = self.sq.pop_front() {
             let _ = ctx.arena.unpin_sgl(wqe.sgl.as_slice());
             let wc = WorkCompletion::new(
@@ -1046,6 +1092,17 @@ impl Qp {
             }
         }
         self.out = kept;
+    }
+
+    /// Gives back a reorder buffer the QP holds (before destroying it).
+    pub fn release_reorder(&mut self, pool: &mut selective::ReorderPool) {
+        self.reorder.release(pool);
+    }
+
+    /// Whether the QP holds a reorder buffer now (a selective responder
+    /// with a gap open).
+    pub fn holds_reorder_buffer(&self) -> bool {
+        self.reorder.leased()
     }
 
     /// Releases every pin the QP holds without generating completions (for

@@ -96,6 +96,10 @@ pub(super) struct RetransmitTimer {
     sample: Option<RttSample>,
     /// Start of the current negotiated-timeout period for the retry count.
     retry_epoch: u64,
+    /// G: the floor of the timeout and of its margin over SRTT.
+    floor: u64,
+    /// See [`RetransmitTimer::set_outlier_limits`].
+    outlier_limits: bool,
 }
 
 impl RetransmitTimer {
@@ -107,7 +111,21 @@ impl RetransmitTimer {
             backoff: 0,
             sample: None,
             retry_epoch: 0,
+            floor: config::MIN_RETRANSMIT_TIMEOUT_NS,
+            outlier_limits: false,
         }
+    }
+
+    /// Sets G (the selective scheme lowers it).
+    pub(super) fn set_floor(&mut self, floor: u64) {
+        self.floor = floor;
+    }
+
+    /// Makes the estimate robust to rare long delays, for the selective
+    /// scheme (where firing early costs two packets): a sample counts as at
+    /// most 2·SRTT + G, and the margin over SRTT is at most 2·G.
+    pub(super) fn set_outlier_limits(&mut self, on: bool) {
+        self.outlier_limits = on;
     }
 
     /// The timeout without backoff: SRTT + max(G, 4·RTTVAR) with G the
@@ -115,11 +133,13 @@ impl RetransmitTimer {
     /// `negotiated`.
     fn base_timeout(&self, negotiated: u64) -> u64 {
         let estimate = match self.smoothed_rtt {
-            Some(srtt) => srtt.saturating_add(
-                self.rtt_variation
-                    .saturating_mul(4)
-                    .max(config::MIN_RETRANSMIT_TIMEOUT_NS),
-            ),
+            Some(srtt) => {
+                let mut margin = self.rtt_variation.saturating_mul(4).max(self.floor);
+                if self.outlier_limits {
+                    margin = margin.min(self.floor.saturating_mul(2));
+                }
+                srtt.saturating_add(margin)
+            }
             None => config::INITIAL_RETRANSMIT_TIMEOUT_NS,
         };
         estimate.min(negotiated)
@@ -137,7 +157,10 @@ impl RetransmitTimer {
     /// Folds a round-trip time into SRTT/RTTVAR (RFC 6298 §2.2-2.3) and
     /// ends the backoff.
     fn record(&mut self, rtt: u64) {
-        let rtt = rtt.min(MAX_RTT_SAMPLE_NS);
+        let mut rtt = rtt.min(MAX_RTT_SAMPLE_NS);
+        if let (true, Some(srtt)) = (self.outlier_limits, self.smoothed_rtt) {
+            rtt = rtt.min(srtt.saturating_mul(2).saturating_add(self.floor));
+        }
         match self.smoothed_rtt {
             None => {
                 self.smoothed_rtt = Some(rtt);
@@ -150,6 +173,14 @@ impl RetransmitTimer {
             }
         }
         self.backoff = 0;
+    }
+
+    /// Karn's rule for a selective resend of `psn`: a sample timing it
+    /// would not know which copy was acknowledged.
+    pub(super) fn forget_sample(&mut self, psn: Psn) {
+        if self.sample.is_some_and(|sample| sample.psn == psn) {
+            self.sample = None;
+        }
     }
 
     /// An expiry: the next timeout is twice this one, up to `negotiated`.
@@ -303,7 +334,7 @@ impl Qp {
         (index < self.sq.len()).then_some(index)
     }
 
-    fn wqe_at(&self, index: usize) -> Option<&SendWqe> {
+    pub(super) fn wqe_at(&self, index: usize) -> Option<&SendWqe> {
         let (front, back) = self.sq.as_slices();
         front
             .get(index)
@@ -320,10 +351,18 @@ impl Qp {
         }
     }
 
+    /// Whether selective resends are marked.
+    fn resend_pending(&self) -> bool {
+        self.resend.pending()
+    }
+
     /// Whether the cursor has a packet the window allows right now.
     pub(super) fn can_send_now(&self) -> bool {
         if self.rnr_until.is_some() {
             return false;
+        }
+        if self.resend_pending() {
+            return true;
         }
         let Some(index) = self.sq_index(self.tx_seq) else {
             return false;
@@ -335,11 +374,34 @@ impl Qp {
         }
     }
 
+    /// How far past `una` a packet may be sent: [`config::MAX_UNACKED_PSNS`],
+    /// or on a selective QP no more than the peer's reorder buffer keeps
+    /// ([`super::selective::held_limit`]), so nothing sent is dropped there
+    /// for lack of room.
+    fn window(&self) -> u32 {
+        if self.selective() {
+            super::selective::held_limit(self.mtu).min(config::MAX_UNACKED_PSNS)
+        } else {
+            config::MAX_UNACKED_PSNS
+        }
+    }
+
+    /// Non-final packets between AckReqs: rxe's [`config::ACK_REQ_INTERVAL`],
+    /// or on a selective QP half its window, so ACKs open the window before
+    /// it is full.
+    fn ack_req_interval(&self) -> u32 {
+        if self.selective() {
+            (self.window() / 2).clamp(1, config::ACK_REQ_INTERVAL)
+        } else {
+            config::ACK_REQ_INTERVAL
+        }
+    }
+
     /// Window and READ-depth checks for sending `tx_psn` of WQE `index`.
     fn window_allows(&self, index: usize, wqe: &SendWqe) -> bool {
         // rxe: a packet may go while its PSN is at most 128 past the oldest
         // unacknowledged one (`rnbd-linux-srv-linux-clt.pcap` frame 360).
-        if self.una.distance_to(self.tx_psn) > config::MAX_UNACKED_PSNS {
+        if self.una.distance_to(self.tx_psn) > self.window() {
             return false;
         }
         if wqe.is_read() {
@@ -386,7 +448,11 @@ impl Qp {
             ctx.counters.early_timeouts += 1;
         }
         self.timer.back_off(negotiated);
-        self.rewind(self.una);
+        if self.selective() {
+            self.selective_timeout();
+        } else {
+            self.rewind(self.una);
+        }
         self.arm_timer(now);
     }
 
@@ -415,6 +481,8 @@ impl Qp {
     /// the cursor never reached; a LOCAL_INV the cursor has not executed yet
     /// stops the search there, so it is never skipped.
     fn rewind(&mut self, psn: Psn) {
+        // Going back resends everything from `psn`: no mark is needed.
+        self.resend.clear(self.una);
         // Karn's rule: a sampled packet about to be resent times nothing.
         if self
             .timer
@@ -446,6 +514,12 @@ impl Qp {
         K: FrameSink + ?Sized,
     {
         let mut sent = 0;
+        if self.resend_pending() && self.rnr_until.is_none() {
+            sent += self.send_marked(ctx, sink, budget);
+            if self.retransmit_deadline.is_none() && sent > 0 {
+                self.start_timer(now);
+            }
+        }
         while sent < budget && self.state == QpState::Rts && self.rnr_until.is_none() {
             let Some(index) = self.sq_index(self.tx_seq) else {
                 break;
@@ -473,9 +547,9 @@ impl Qp {
             let wqe = wqe.clone();
             let retransmission = self.tx_psn.is_before(self.sent_end);
             let final_packet = wqe.is_read() || self.tx_psn == wqe.last_psn();
-            let ack_req = final_packet || self.since_ack_req + 1 >= config::ACK_REQ_INTERVAL;
+            let ack_req = final_packet || self.since_ack_req + 1 >= self.ack_req_interval();
             self.since_ack_req = if ack_req { 0 } else { self.since_ack_req + 1 };
-            if !self.send_packet(&wqe, ack_req, ctx, sink) {
+            if !self.send_packet(&wqe, self.tx_psn, ack_req, ctx, sink) {
                 self.fail_at(index, WcStatus::LocProtErr, ctx);
                 break;
             }
@@ -508,12 +582,13 @@ impl Qp {
         sent
     }
 
-    /// Builds and emits the packet at `tx_psn` of `wqe` (AckReq as given;
+    /// Builds and emits the packet at `psn` of `wqe` (AckReq as given;
     /// READ requests always ask). False if its local
     /// memory cannot be read (cannot happen while pinned).
-    fn send_packet<S, K, const N: usize>(
+    pub(super) fn send_packet<S, K, const N: usize>(
         &self,
         wqe: &SendWqe,
+        psn: Psn,
         ack_req: bool,
         ctx: &mut Context<'_, S, N>,
         sink: &mut K,
@@ -522,12 +597,11 @@ impl Qp {
         S: AsRef<[u8]> + AsMut<[u8]>,
         K: FrameSink + ?Sized,
     {
-        let index = wqe.first_psn.distance_to(self.tx_psn);
+        let index = wqe.first_psn.distance_to(psn);
         let offset = index.saturating_mul(self.mtu);
         let first = index == 0;
         let last = index + 1 >= wqe.npkts;
         let mut ext = ExtHeaders::default();
-        let psn = self.tx_psn;
         if let WqeOp::Read { remote_addr, rkey } = wqe.op {
             ext.reth = Some(RethRepr {
                 virtual_address: remote_addr.wrapping_add(u64::from(offset)),
@@ -660,7 +734,13 @@ impl Qp {
                 if self.params.is_some_and(|params| params.rnr_retry < 7) {
                     self.rnr_left -= 1;
                 }
-                self.rewind(psn);
+                if self.selective() {
+                    // The packets after it are kept by the peer: resend
+                    // only the refused one after the wait.
+                    self.mark_resend(psn);
+                } else {
+                    self.rewind(psn);
+                }
                 let until = now.saturating_add(super::rnr_delay_ns(timer));
                 self.rnr_until = Some(until);
                 // The timer must not fire during the RNR wait: it starts
@@ -677,6 +757,15 @@ impl Qp {
                     self.on_progress(now, ctx);
                 }
                 if self.state != QpState::Rts {
+                    return;
+                }
+                if self.selective() {
+                    // Brick's selective NAK: the MSN field counts the
+                    // missing PSNs from `psn`; resend those only.
+                    self.selective_gap(psn, aeth.msn.value());
+                    if self.retransmit_deadline.is_none() {
+                        self.start_timer(now);
+                    }
                     return;
                 }
                 self.go_back(psn, true, ctx);
@@ -932,7 +1021,7 @@ impl Qp {
 
     /// Completes WQE `index` with `status` (unfinished WQEs before it with
     /// `WrFlushErr`, keeping completion order) and moves the QP to `Err`.
-    fn fail_at<S, const N: usize>(
+    pub(super) fn fail_at<S, const N: usize>(
         &mut self,
         index: usize,
         status: WcStatus,

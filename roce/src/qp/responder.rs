@@ -172,7 +172,9 @@ impl Qp {
         };
         let psn = frame.bth.psn;
         if psn != self.epsn {
-            if psn.is_after(self.epsn) {
+            if psn.is_after(self.epsn) && self.selective() {
+                self.keep_out_of_order(frame, ctx);
+            } else if psn.is_after(self.epsn) {
                 ctx.counters.drop_out_of_sequence += 1;
                 if !self.nak_sent
                     && self.queue_ack(

@@ -9,10 +9,11 @@
 
 use std::collections::BTreeMap;
 
-use roce::hca::{Hca, HcaConfig};
+use roce::hca::{Hca, HcaConfig, LinkMode};
 use roce::qp::{QpParams, QpState};
 use roce::types::{Mtu, Psn};
 use roce::wire::{parse_frame, RoceFrame};
+use roce::HcaCapacity;
 use verbs::{AccessFlags, ConnId, KeySource};
 
 /// Key source for tests: splitmix64, seeded.
@@ -79,7 +80,14 @@ pub enum Verdict {
     Delay(u64),
     /// Flip a byte of it (the ICRC check must catch it).
     Corrupt,
+    /// Hold it until just after the next frame of the same direction, or
+    /// [`HOLD_LIMIT_NS`] at most: the reordering of the xtask frame relay.
+    Hold,
 }
+
+/// How long a [`Verdict::Hold`] frame waits for a successor (the relay's
+/// `REORDER_HOLD`).
+pub const HOLD_LIMIT_NS: u64 = 50_000_000;
 
 /// Direction index: 0 = A to B, 1 = B to A.
 pub const A_TO_B: usize = 0;
@@ -102,6 +110,10 @@ pub struct PairConfig {
     pub memory: usize,
     pub latency_ns: u64,
     pub seed: u64,
+    /// Both QPs run Brick's selective retransmission.
+    pub selective: bool,
+    /// Reorder buffers of each HCA's pool (`None`: the default).
+    pub reorder_buffers: Option<usize>,
 }
 
 impl Default for PairConfig {
@@ -117,6 +129,8 @@ impl Default for PairConfig {
             memory: 1 << 20,
             latency_ns: 2_000,
             seed: 1,
+            selective: false,
+            reorder_buffers: None,
         }
     }
 }
@@ -140,16 +154,34 @@ pub struct Pair {
     pub fifo: bool,
     /// Latest delivery time scheduled per direction (for `fifo`).
     last_delivery: [u64; 2],
+    /// Serialization time per byte in picoseconds (0: unlimited
+    /// bandwidth). A frame occupies its direction's link for
+    /// `len · byte_time_ps` after the previous one, then travels
+    /// `latency_ns`; a dropped frame still used the link.
+    pub byte_time_ps: u64,
+    /// When each direction's link is free again (ns).
+    link_free: [u64; 2],
+    /// The key of the frame held per direction ([`Verdict::Hold`]).
+    held: [Option<(u64, u64)>; 2],
 }
 
-fn endpoint(memory: usize, seed: u64, last: u8) -> Endpoint {
+fn endpoint(memory: usize, seed: u64, last: u8, reorder_buffers: Option<usize>) -> Endpoint {
     let mac = [0x52, 0x54, 0, 0x77, 0, last];
     let ip = [10, 77, 0, last];
-    let mut hca = Box::new(TestHca::new(
-        vec![0u8; memory],
-        TestKeys(seed),
-        HcaConfig { mac, ip },
-    ));
+    let mut capacity = HcaCapacity::from_const::<64, 4, 4096>();
+    if let Some(buffers) = reorder_buffers {
+        capacity.reorder_buffers = buffers;
+    }
+    let mut hca = Box::new(
+        TestHca::with_capacity(
+            vec![0u8; memory],
+            TestKeys(seed),
+            HcaConfig { mac, ip },
+            LinkMode::Ethernet,
+            capacity,
+        )
+        .expect("test capacity"),
+    );
     let conn = hca.create_qp().expect("qp");
     Endpoint { hca, conn, mac, ip }
 }
@@ -174,13 +206,24 @@ pub fn params(local: &Endpoint, peer: &Endpoint, config: &PairConfig, a_side: bo
         max_dest_rd_atomic: 4,
         remote_access: AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ,
         path: local.hca.path_to(qpn, peer.mac, peer.ip),
+        selective_retransmission: config.selective,
     }
 }
 
 impl Pair {
     pub fn new(config: PairConfig) -> Self {
-        let mut a = endpoint(config.memory, config.seed.wrapping_mul(3) + 1, 1);
-        let mut b = endpoint(config.memory, config.seed.wrapping_mul(5) + 2, 2);
+        let mut a = endpoint(
+            config.memory,
+            config.seed.wrapping_mul(3) + 1,
+            1,
+            config.reorder_buffers,
+        );
+        let mut b = endpoint(
+            config.memory,
+            config.seed.wrapping_mul(5) + 2,
+            2,
+            config.reorder_buffers,
+        );
         let pa = params(&a, &b, &config, true);
         let pb = params(&b, &a, &config, false);
         a.hca.connect_qp(a.conn, pa).unwrap();
@@ -199,6 +242,9 @@ impl Pair {
             sent: [Vec::new(), Vec::new()],
             fifo: false,
             last_delivery: [0; 2],
+            byte_time_ps: 0,
+            link_free: [0; 2],
+            held: [None; 2],
         }
     }
 
@@ -250,7 +296,13 @@ impl Pair {
             Ok(parsed) => (self.filter)(dir, &parsed, &mut self.rng),
             Err(error) => panic!("HCA sent an unparsable frame: {error}"),
         };
-        let at = self.now + self.latency_ns;
+        let mut at = self.now + self.latency_ns;
+        if self.byte_time_ps > 0 {
+            let start = self.now.max(self.link_free[dir]);
+            let done = start + (frame.len() as u64 * self.byte_time_ps).div_ceil(1000);
+            self.link_free[dir] = done;
+            at = done + self.latency_ns;
+        }
         let fifo = self.fifo;
         let last_delivery = &mut self.last_delivery[dir];
         let mut push = |links: &mut [BTreeMap<(u64, u64), Vec<u8>>; 2], at: u64, frame: Vec<u8>| {
@@ -259,8 +311,17 @@ impl Pair {
             self.seq += 1;
             links[dir].insert((at, self.seq), frame);
         };
+        // A held frame goes right after this one (whatever this one's fate).
+        let release = self.held[dir].take();
+        let mut hold_key = None;
         match verdict {
-            Verdict::Deliver => push(&mut self.links, at, frame),
+            Verdict::Hold if release.is_none() => {
+                self.seq += 1;
+                let key = (self.now + HOLD_LIMIT_NS, self.seq);
+                self.links[dir].insert(key, frame);
+                hold_key = Some(key);
+            }
+            Verdict::Deliver | Verdict::Hold => push(&mut self.links, at, frame),
             Verdict::Drop => {}
             Verdict::Duplicate => {
                 push(&mut self.links, at, frame.clone());
@@ -273,6 +334,14 @@ impl Pair {
                 push(&mut self.links, at, frame);
             }
         }
+        if let Some(key) = release {
+            if let Some(held) = self.links[dir].remove(&key) {
+                self.seq += 1;
+                let after = at.max(self.now) + 1;
+                self.links[dir].insert((after, self.seq), held);
+            }
+        }
+        self.held[dir] = hold_key;
     }
 
     /// Delivers every frame due at `now`.

@@ -7,7 +7,7 @@
 //! 12-14 Local QPN | 15 Vendor ID 23..16 | 16-18 Local EECN | 19 Vendor ID 15..8
 //! 20-22 Starting PSN | 23 Vendor ID 7..0 | 24 Responder Resources
 //! 25 Initiator Depth | 26 Target ACK Delay (7..3) | Failover (2..1) | E2E FC (0)
-//! 27 RNR Retry Count (7..5) | SRQ (4) | reserved (3..0)
+//! 27 RNR Retry Count (7..5) | SRQ (4) | reserved (3..1) | Brick selective (0)
 //! 28-35 Local CA GUID | 36-231 private data (196, no RDMA CM header)
 //! ```
 //!
@@ -129,6 +129,12 @@ impl<T: AsRef<[u8]>> Packet<T> {
         get_bits(self.byte(field::BYTE_27), 4, 1) != 0
     }
 
+    /// Brick's selective-retransmission acceptance (reserved bit 0 of
+    /// byte 27, MAD offset 51; Linux sends 0 and ignores it).
+    pub fn brick_selective(&self) -> bool {
+        get_bits(self.byte(field::BYTE_27), 0, 1) != 0
+    }
+
     /// Local CA GUID (the server's).
     pub fn local_ca_guid(&self) -> u64 {
         read_u64_be(&self.buffer.as_ref()[field::LOCAL_CA_GUID])
@@ -204,6 +210,12 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
         set_bits(byte, 4, 1, srq.into());
     }
 
+    /// Sets Brick's selective-retransmission acceptance (after
+    /// `set_rnr_retry_count_and_srq`, which clears the byte).
+    pub fn set_brick_selective(&mut self, value: bool) {
+        set_bits(self.byte_mut(field::BYTE_27), 0, 1, value.into());
+    }
+
     /// Sets the Local CA GUID.
     pub fn set_local_ca_guid(&mut self, value: u64) {
         write_u64_be(&mut self.buffer.as_mut()[field::LOCAL_CA_GUID], value);
@@ -241,6 +253,8 @@ pub struct Repr<'a> {
     pub rnr_retry_count: u8,
     /// SRQ.
     pub srq: bool,
+    /// Brick's selective-retransmission acceptance (reserved bit; Linux: 0).
+    pub brick_selective: bool,
     /// Local CA GUID.
     pub local_ca_guid: u64,
     /// Private data, at most [`PRIVATE_DATA_LEN`] bytes (the whole area when parsed).
@@ -270,6 +284,7 @@ impl<'a> Repr<'a> {
             end_to_end_flow_control: packet.end_to_end_flow_control(),
             rnr_retry_count: packet.rnr_retry_count(),
             srq: packet.srq(),
+            brick_selective: packet.brick_selective(),
             local_ca_guid: packet.local_ca_guid(),
             private_data: &buffer[field::PRIVATE_DATA],
         })
@@ -294,6 +309,7 @@ impl<'a> Repr<'a> {
         packet.set_failover_accepted(self.failover_accepted);
         packet.set_end_to_end_flow_control(self.end_to_end_flow_control);
         packet.set_rnr_retry_count_and_srq(self.rnr_retry_count, self.srq);
+        packet.set_brick_selective(self.brick_selective);
         packet.set_local_ca_guid(self.local_ca_guid);
         emit_private_data(packet.private_data_mut(), self.private_data);
     }
@@ -366,6 +382,7 @@ mod test {
             end_to_end_flow_control: false,
             rnr_retry_count: 7,
             srq: false,
+            brick_selective: false,
             local_ca_guid: 0x5054_00ff_fe77_0001,
             private_data,
         }

@@ -3,7 +3,7 @@
 //! ib-cm.md §4.2; offsets relative to the CM body (MAD offset − 24):
 //!
 //! ```text
-//! 0-3 Local Comm ID | 4 reserved | 5-7 Vendor ID | 8-15 Service ID
+//! 0-3 Local Comm ID | 4 reserved (bit 0: Brick extension, see below) | 5-7 Vendor ID | 8-15 Service ID
 //! 16-23 Local CA GUID | 24-27 reserved | 28-31 Local Q_Key
 //! 32-34 Local QPN | 35 Responder Resources | 36-38 Local EECN | 39 Initiator Depth
 //! 40-42 Remote EECN | 43 Remote CM Response Timeout (7..3) | Transport (2..1) | E2E FC (0)
@@ -17,6 +17,10 @@
 //! first send PSN, `path_mtu` to segment, and the retry counts for its requester
 //! (ib-cm.md §4.2 "passive-side interpretation"). With an RDMA CM service ID the
 //! private data starts with the RDMA CM header ([`crate::wire::rdma_cm`]).
+//!
+//! Brick's extension: bit 0 of the reserved byte 4 (MAD offset 28) offers
+//! selective retransmission (`docs/protocol/selective-retransmission.md`).
+//! Linux sends the byte 0 and ignores it on receive.
 
 use wire_enum::enum_with_unknown;
 
@@ -35,6 +39,8 @@ use crate::types::{Mtu, Pkey, Psn, Qkey, Qpn};
 mod field {
     use crate::wire::bytes::Field;
 
+    /// Reserved; bit 0 is Brick's selective-retransmission offer.
+    pub const BYTE_4: usize = 4;
     pub const VENDOR_ID: Field = 5..8;
     pub const SERVICE_ID: Field = 8..16;
     pub const LOCAL_CA_GUID: Field = 16..24;
@@ -88,6 +94,11 @@ cm_packet! {
 impl<T: AsRef<[u8]>> Packet<T> {
     fn byte(&self, index: usize) -> u8 {
         self.buffer.as_ref()[index]
+    }
+
+    /// Brick's selective-retransmission offer (reserved byte 4, bit 0).
+    pub fn brick_selective(&self) -> bool {
+        get_bits(self.byte(field::BYTE_4), 0, 1) != 0
     }
 
     /// Vendor ID (24 bits, ECE).
@@ -319,6 +330,12 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
         set_bits(self.byte_mut(field::BYTE_51), 4, 4, value);
     }
 
+    /// Sets Brick's selective-retransmission offer (after
+    /// `clear_reserved`: the rest of byte 4 stays 0).
+    pub fn set_brick_selective(&mut self, value: bool) {
+        set_bits(self.byte_mut(field::BYTE_4), 0, 1, value.into());
+    }
+
     /// Sets SRQ.
     pub fn set_srq(&mut self, value: bool) {
         set_bits(self.byte_mut(field::BYTE_51), 3, 1, value.into());
@@ -396,6 +413,8 @@ pub struct Repr<'a> {
     pub srq: bool,
     /// Extended Transport Type (3 bits).
     pub extended_transport_type: u8,
+    /// Brick's selective-retransmission offer (reserved bit; Linux: 0).
+    pub brick_selective: bool,
     /// Primary path.
     pub primary_path: path::Repr,
     /// Alternate path.
@@ -436,6 +455,7 @@ impl<'a> Repr<'a> {
             max_cm_retries: packet.max_cm_retries(),
             srq: packet.srq(),
             extended_transport_type: packet.extended_transport_type(),
+            brick_selective: packet.brick_selective(),
             primary_path: path::Repr::parse(&packet.primary_path())?,
             alternate_path: path::Repr::parse(&packet.alternate_path())?,
             private_data: &buffer[field::PRIVATE_DATA],
@@ -472,6 +492,7 @@ impl<'a> Repr<'a> {
         packet.set_max_cm_retries(self.max_cm_retries);
         packet.set_srq(self.srq);
         packet.set_extended_transport_type(self.extended_transport_type);
+        packet.set_brick_selective(self.brick_selective);
         self.primary_path.emit(&mut packet.primary_path_mut());
         self.alternate_path.emit(&mut packet.alternate_path_mut());
         emit_private_data(packet.private_data_mut(), self.private_data);
@@ -571,6 +592,7 @@ mod test {
             max_cm_retries: 15,
             srq: false,
             extended_transport_type: 0,
+            brick_selective: false,
             primary_path: path::Repr {
                 local_lid: 0xffff,
                 remote_lid: 0xffff,
