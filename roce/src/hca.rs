@@ -1152,6 +1152,15 @@ where
             .as_mut()
             .ok_or(PostError::UnknownConnection)?;
         let result = qp.post_send(requests, &mut self.arena);
+        if result.is_ok() {
+            let mut ctx = Context {
+                arena: &mut self.arena,
+                cq: &mut self.cq,
+                reorder: &mut self.reorder,
+                counters: &mut self.counters,
+            };
+            qp.run_posted_local(&mut ctx);
+        }
         self.touched(slot);
         result
     }

@@ -1148,3 +1148,44 @@ fn atomic_request_naks_invalid_request() {
     );
     assert_eq!(pair.b.hca.qp_state(pair.b.conn), Some(QpState::Err));
 }
+
+/// A LOCAL_INV posted on an idle send queue executes and completes at
+/// post time (no poll needed: a target revoking a chunk answers in the
+/// same loop turn); behind an unacknowledged WRITE it waits its turn, and
+/// the rkey it names is refused afterwards either way.
+#[test]
+fn local_inv_on_an_idle_queue_completes_at_post() {
+    let mut pair = Pair::new(PairConfig::default());
+    let s = setup(&mut pair, 1);
+    let own = region(&mut pair.a.hca, 4096, RW);
+    let inv = |id, mr: &MemoryRegion| wr(id, SendOp::LocalInv { rkey: mr.rkey });
+    pair.a.hca.post_send(pair.a.conn, &[inv(1, &own)]).unwrap();
+    let done = completions(&mut pair.a.hca);
+    assert_eq!(done.len(), 1, "completed without a poll: {done:?}");
+    assert_eq!(done[0].wr_id, WrId(1));
+    assert_eq!(done[0].opcode, verbs::WcOpcode::LocalInv);
+    assert_eq!(done[0].status, WcStatus::Success);
+    // Behind a WRITE not yet sent, the LOCAL_INV waits for it in order.
+    let other = region(&mut pair.a.hca, 4096, RW);
+    pair.a
+        .hca
+        .post_send(pair.a.conn, &[write(2, &s, 0, 64), inv(3, &other)])
+        .unwrap();
+    assert!(completions(&mut pair.a.hca).is_empty(), "nothing before the WRITE's ACK");
+    let done = wait_completions(&mut pair, A_TO_B, 2);
+    let ids: Vec<WrId> = done.iter().map(|c| c.wr_id).collect();
+    assert_eq!(ids, [WrId(2), WrId(3)]);
+    // A WRITE that names the invalidated rkey from the peer fails.
+    let reused = wr(
+        4,
+        SendOp::RdmaWrite {
+            sgl: sgl(&s.dst, 0, 16),
+            remote_addr: own.remote_addr(0),
+            rkey: own.rkey,
+            imm: None,
+        },
+    );
+    pair.b.hca.post_send(pair.b.conn, &[reused]).unwrap();
+    let failed = wait_completions(&mut pair, B_TO_A, 1);
+    assert_eq!(failed[0].status, WcStatus::RemAccessErr);
+}

@@ -328,6 +328,39 @@ impl Qp {
         Ok(())
     }
 
+    /// Executes and completes a just-posted LOCAL_INV at once when it is
+    /// the oldest unfinished WQE and the cursor is on it: nothing before it
+    /// is outstanding, so this is what the next [`Qp::poll`] would do, one
+    /// loop turn earlier. A target that revokes a chunk before reading its
+    /// request (RTRS `always_invalidate`) then answers in the same turn.
+    pub fn run_posted_local<S, const N: usize>(&mut self, ctx: &mut Context<'_, S, N>)
+    where
+        S: AsRef<[u8]> + AsMut<[u8]>,
+    {
+        if self.state != QpState::Rts || self.rnr_until.is_some() || self.tx_seq != self.front_seq {
+            return;
+        }
+        while let Some(&SendWqe {
+            op: WqeOp::LocalInv { rkey },
+            executed: false,
+            ..
+        }) = self.sq.front()
+        {
+            if ctx.arena.invalidate(rkey).is_err() {
+                self.fail_at(0, WcStatus::LocProtErr, ctx);
+                return;
+            }
+            if let Some(wqe) = self.sq.front_mut() {
+                wqe.executed = true;
+            }
+            self.tx_seq += 1;
+            self.retire(ctx);
+            if self.tx_seq != self.front_seq {
+                return;
+            }
+        }
+    }
+
     /// Index in `sq` of the WQE with sequence number `seq`, if queued.
     fn sq_index(&self, seq: u64) -> Option<usize> {
         let index = usize::try_from(seq.checked_sub(self.front_seq)?).ok()?;
