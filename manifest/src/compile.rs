@@ -259,6 +259,24 @@ fn parse_uuid(text: &str) -> Option<[u8; 16]> {
 }
 
 impl Compiler<'_> {
+    /// An NVMe namespace id (`namespace`, default 1): 1 to 65535.
+    fn namespace(&self, raw: Option<&Spanned<i64>>, path: &str) -> Result<u32> {
+        let Some(n) = raw else {
+            return Ok(1);
+        };
+        match u16::try_from(*n.get_ref()) {
+            Ok(value) if value > 0 => Ok(u32::from(value)),
+            _ => Err(self.at(
+                n,
+                path.to_string(),
+                format!(
+                    "expected a namespace id from 1 to 65535, found {}",
+                    n.get_ref()
+                ),
+            )),
+        }
+    }
+
     fn error(
         &self,
         span: Option<Range<usize>>,
@@ -645,22 +663,7 @@ impl Compiler<'_> {
                 },
                 VolumeKind::Thin => self.thin_backing(item, i, pools)?,
                 VolumeKind::Nvme => {
-                    let namespace = match &raw.namespace {
-                        None => 1,
-                        Some(n) => match u16::try_from(*n.get_ref()) {
-                            Ok(value) if value > 0 => u32::from(value),
-                            _ => {
-                                return Err(self.at(
-                                    n,
-                                    path("namespace"),
-                                    format!(
-                                        "expected a namespace id from 1 to 65535, found {}",
-                                        n.get_ref()
-                                    ),
-                                ))
-                            }
-                        },
-                    };
+                    let namespace = self.namespace(raw.namespace.as_ref(), &path("namespace"))?;
                     match (&raw.pci, &raw.serial) {
                         (Some(pci), None) => Backing::NvmePci {
                             pci: PciAddress::parse(pci.get_ref()).ok_or_else(|| {

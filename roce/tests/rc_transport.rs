@@ -1171,7 +1171,10 @@ fn local_inv_on_an_idle_queue_completes_at_post() {
         .hca
         .post_send(pair.a.conn, &[write(2, &s, 0, 64), inv(3, &other)])
         .unwrap();
-    assert!(completions(&mut pair.a.hca).is_empty(), "nothing before the WRITE's ACK");
+    assert!(
+        completions(&mut pair.a.hca).is_empty(),
+        "nothing before the WRITE's ACK"
+    );
     let done = wait_completions(&mut pair, A_TO_B, 2);
     let ids: Vec<WrId> = done.iter().map(|c| c.wr_id).collect();
     assert_eq!(ids, [WrId(2), WrId(3)]);

@@ -176,22 +176,7 @@ impl Compiler<'_> {
                 Selector::Serial(serial) => PoolBacking::VirtioSerial(serial),
             },
             _ => {
-                let namespace = match &raw.namespace {
-                    None => 1,
-                    Some(n) => match u16::try_from(*n.get_ref()) {
-                        Ok(value) if value > 0 => u32::from(value),
-                        _ => {
-                            return Err(self.at(
-                                n,
-                                path("namespace"),
-                                format!(
-                                    "expected a namespace id from 1 to 65535, found {}",
-                                    n.get_ref()
-                                ),
-                            ))
-                        }
-                    },
-                };
+                let namespace = self.namespace(raw.namespace.as_ref(), &path("namespace"))?;
                 match selector()? {
                     Selector::Pci(pci) => PoolBacking::NvmePci { pci, namespace },
                     Selector::Serial(serial) => PoolBacking::NvmeSerial { serial, namespace },
