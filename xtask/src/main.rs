@@ -15,6 +15,7 @@ mod demo;
 mod first_map;
 mod fuzz;
 mod image;
+mod image_admin;
 mod initiator_rxe;
 mod initiator_suite;
 mod interop;
