@@ -37,7 +37,6 @@ use core::net::SocketAddrV4;
 use hal::block::BlockDevice;
 use manifest::binary::{Admin, Manifest};
 use smoltcp::iface::{Config, Interface, PollResult, SocketHandle, SocketSet, SocketStorage};
-use smoltcp::phy::{Device, DeviceCapabilities, Medium, RxToken, TxToken};
 use smoltcp::socket::tcp;
 use smoltcp::time::Instant;
 use smoltcp::wire::{
@@ -45,14 +44,14 @@ use smoltcp::wire::{
 };
 use thin::{PoolBuf, ThinVolume};
 
+pub use crate::admin_frames::FRAME_SLOTS;
+use crate::admin_frames::{classify, is_arp_reply, Frames, Ring, ETH_HEADER};
 use crate::admin_http::{self, Head};
 use crate::admin_render::{self, AdminCounters};
 use crate::{Chunk, Engine, FixedText, Port};
 
 /// Connections open at once (listening sockets).
 pub const MAX_CONNECTIONS: usize = 4;
-/// Frames held in each direction between the loop and smoltcp.
-pub const FRAME_SLOTS: usize = 16;
 /// How long a connection may take from its SYN to its close.
 pub const PEER_TIMEOUT_NS: u64 = 5_000_000_000;
 /// Each socket's receive buffer (the head is copied out as it arrives).
@@ -64,10 +63,6 @@ const RESPONSE_HEAD_BYTES: usize = 256;
 /// smoltcp rounds per [`AdminTcp::poll`]: each sends at most one segment
 /// per socket.
 const MAX_ROUNDS: usize = 16;
-const ETH_HEADER: usize = 14;
-const ETHERTYPE_IPV4: u16 = 0x0800;
-const ETHERTYPE_ARP: u16 = 0x0806;
-const IP_PROTOCOL_TCP: u8 = 6;
 
 /// Why the manifest's admin endpoint cannot be served by the image.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -85,121 +80,6 @@ impl fmt::Display for AdminTcpError {
                  interfaces (the image serves its admin endpoint on an interface)"
             ),
         }
-    }
-}
-
-/// A ring of frame slots, each `slot` bytes.
-struct Ring {
-    data: Vec<u8>,
-    lens: Vec<usize>,
-    slot: usize,
-    head: usize,
-    count: usize,
-}
-
-impl Ring {
-    fn new(slots: usize, slot: usize) -> Self {
-        Self {
-            data: vec![0; slots * slot],
-            lens: vec![0; slots],
-            slot,
-            head: 0,
-            count: 0,
-        }
-    }
-
-    fn is_full(&self) -> bool {
-        self.count == self.lens.len()
-    }
-
-    /// The free slot after the last frame, as `len` bytes (`None`: full or
-    /// too long).
-    fn back(&mut self, len: usize) -> Option<&mut [u8]> {
-        if self.is_full() || len > self.slot {
-            return None;
-        }
-        let index = (self.head + self.count) % self.lens.len();
-        self.lens[index] = len;
-        let start = index * self.slot;
-        Some(&mut self.data[start..start + len])
-    }
-
-    /// Commits the slot [`back`](Self::back) gave.
-    fn push_back(&mut self) {
-        self.count += 1;
-    }
-
-    fn front(&self) -> Option<&[u8]> {
-        if self.count == 0 {
-            return None;
-        }
-        let start = self.head * self.slot;
-        Some(&self.data[start..start + self.lens[self.head]])
-    }
-
-    fn pop_front(&mut self) {
-        if self.count > 0 {
-            self.head = (self.head + 1) % self.lens.len();
-            self.count -= 1;
-        }
-    }
-}
-
-/// smoltcp's device: frames the loop gave ([`AdminTcp::receive`]) in,
-/// frames for the loop to send out.
-struct Frames {
-    rx: Ring,
-    tx: Ring,
-    frame_bytes: usize,
-}
-
-struct Rx<'a>(&'a mut Ring);
-struct Tx<'a>(&'a mut Ring);
-
-impl RxToken for Rx<'_> {
-    fn consume<R, F: FnOnce(&[u8]) -> R>(self, f: F) -> R {
-        let result = f(self.0.front().unwrap_or_default());
-        self.0.pop_front();
-        result
-    }
-}
-
-impl TxToken for Tx<'_> {
-    fn consume<R, F: FnOnce(&mut [u8]) -> R>(self, len: usize, f: F) -> R {
-        // `transmit` only hands out a token with a free slot, and smoltcp
-        // never asks for more than the capabilities' MTU (a slot).
-        match self.0.back(len) {
-            Some(buf) => {
-                let result = f(buf);
-                self.0.push_back();
-                result
-            }
-            None => f(&mut [0u8; ETH_HEADER + 1500][..len.min(ETH_HEADER + 1500)]),
-        }
-    }
-}
-
-impl Device for Frames {
-    type RxToken<'a> = Rx<'a>;
-    type TxToken<'a> = Tx<'a>;
-
-    fn receive(&mut self, _: Instant) -> Option<(Rx<'_>, Tx<'_>)> {
-        if self.rx.count == 0 || self.tx.is_full() {
-            return None;
-        }
-        Some((Rx(&mut self.rx), Tx(&mut self.tx)))
-    }
-
-    fn transmit(&mut self, _: Instant) -> Option<Tx<'_>> {
-        (!self.tx.is_full()).then_some(Tx(&mut self.tx))
-    }
-
-    fn capabilities(&self) -> DeviceCapabilities {
-        let mut caps = DeviceCapabilities::default();
-        caps.medium = Medium::Ethernet;
-        caps.max_transmission_unit = self.frame_bytes;
-        caps.max_burst_size = Some(FRAME_SLOTS);
-        caps
     }
 }
 
@@ -331,22 +211,10 @@ impl AdminTcp {
     /// left to the engine (`false`). A frame that finds the ring full is
     /// dropped (TCP sends it again).
     pub fn receive(&mut self, interface: usize, frame: &[u8]) -> bool {
-        if interface != self.interface || frame.len() < ETH_HEADER {
+        if interface != self.interface {
             return false;
         }
-        let ip = self.admin.address.ip().octets();
-        let ethertype = u16::from_be_bytes([frame[12], frame[13]]);
-        let payload = &frame[ETH_HEADER..];
-        let (ours, alone) = match ethertype {
-            // ARP for IPv4 over Ethernet: the target protocol address.
-            ETHERTYPE_ARP => (payload.get(24..28) == Some(&ip[..]), false),
-            ETHERTYPE_IPV4 => {
-                let tcp = payload.get(9) == Some(&IP_PROTOCOL_TCP)
-                    && payload.get(16..20) == Some(&ip[..]);
-                (tcp, tcp)
-            }
-            _ => (false, false),
-        };
+        let (ours, alone) = classify(frame, self.admin.address.ip().octets());
         if ours {
             if let Some(slot) = self.device.rx.back(frame.len()) {
                 slot.copy_from_slice(frame);
@@ -664,12 +532,6 @@ fn error_body(body: &mut FixedText, error: &admin_http::ErrorAnswer<'_>) -> (u16
     body.clear();
     let _ = write!(body, "{error}");
     (error.status(), admin_http::JSON_TYPE)
-}
-
-/// Whether `frame` is an ARP reply (the engine answers ARP requests).
-fn is_arp_reply(frame: &[u8]) -> bool {
-    frame.get(12..14) == Some(&ETHERTYPE_ARP.to_be_bytes()[..])
-        && frame.get(ETH_HEADER + 6..ETH_HEADER + 8) == Some(&[0, 2][..])
 }
 
 fn instant(ns: u64) -> Instant {

@@ -65,7 +65,8 @@
 //! renders: metrics, extent lists), `admin_http` (its HTTP, shared by the
 //! hosted target and the image), `admin` (hosted: the snapshot exchange
 //! with the admin thread), `admin_tcp` (the image: the endpoint over
-//! smoltcp TCP on one interface; docs/ADMIN.md), `icmp` (echo replies) and `error`
+//! smoltcp TCP on one interface) and `admin_frames` (its frames and
+//! smoltcp device; docs/ADMIN.md), `icmp` (echo replies) and `error`
 //! ([`BuildError`]).
 //!
 //! # Limits of this version
@@ -93,6 +94,7 @@ macro_rules! log {
 
 #[cfg(feature = "std")]
 pub mod admin;
+mod admin_frames;
 pub mod admin_http;
 pub mod admin_render;
 pub mod admin_tcp;

@@ -130,26 +130,35 @@ fn http_get(address: &str, path: &str) -> Result<(u16, String)> {
     Ok((status, body.to_owned()))
 }
 
-/// Prometheus's answer to `query` (instant query): the first sample's
-/// value, and the whole JSON.
-fn prometheus_query(web: &str, query: &str) -> Result<(f64, String)> {
-    let encoded: String = query
-        .bytes()
+/// `text` percent-encoded for a query string.
+fn encode(text: &str) -> String {
+    text.bytes()
         .map(|b| match b {
             b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'_' | b'.' => (b as char).to_string(),
             _ => format!("%{b:02X}"),
         })
-        .collect();
-    let (status, body) = http_get(web, &format!("/api/v1/query?query={encoded}"))?;
+        .collect()
+}
+
+/// Prometheus's JSON answer to `GET path`.
+fn prometheus_get(web: &str, path: &str) -> Result<(serde_json::Value, String)> {
+    let (status, body) = http_get(web, path)?;
     if status != 200 {
-        bail!("Prometheus answered {status}: {body}");
+        bail!("Prometheus answered {status} to {path}: {body}");
     }
-    let value: serde_json::Value = serde_json::from_str(&body)?;
-    let rate = value["data"]["result"][0]["value"][1]
+    Ok((serde_json::from_str(&body)?, body))
+}
+
+/// Prometheus's answer to `query` (instant query): the first sample's
+/// value and time, and the whole JSON.
+fn prometheus_query(web: &str, query: &str) -> Result<(f64, f64, String)> {
+    let (value, body) = prometheus_get(web, &format!("/api/v1/query?query={}", encode(query)))?;
+    let sample = &value["data"]["result"][0]["value"];
+    let number = sample[1]
         .as_str()
         .and_then(|v| v.parse().ok())
         .unwrap_or(0.0);
-    Ok((rate, body))
+    Ok((number, sample[0].as_f64().unwrap_or(0.0), body))
 }
 
 fn run_case() -> Result<String> {
@@ -286,7 +295,7 @@ fn scrape_during_bench(cli: &Path, relay: &Relay, admin: &str, dir: &Path) -> Re
     let mut rates = Vec::new();
     let mut answer = String::new();
     while started.elapsed() < Duration::from_secs(BENCH_SECONDS * 9 / 10) {
-        let (rate, json) = prometheus_query(&web, QUERY)?;
+        let (rate, _, json) = prometheus_query(&web, QUERY)?;
         rates.push(rate);
         answer = json;
         std::thread::sleep(Duration::from_secs(1));
@@ -297,6 +306,28 @@ fn scrape_during_bench(cli: &Path, relay: &Relay, admin: &str, dir: &Path) -> Re
         .ok()
         .and_then(|t| t["data"]["activeTargets"][0]["lastScrapeDuration"].as_f64());
     let output = bench.wait_with_output().context("wait for brick bench")?;
+    // Two more scrapes, then the counters as Prometheus stored them and
+    // the rate over the whole run, every 2 s.
+    std::thread::sleep(Duration::from_secs(3));
+    let total_query = "sum(brick_volume_reads_total) + sum(brick_volume_writes_total)";
+    let (stored, at, _) = prometheus_query(&web, total_query)?;
+    let range = format!(
+        "/api/v1/query_range?query={}&start={:.3}&end={:.3}&step=2",
+        encode(QUERY),
+        at - 3.0 - BENCH_SECONDS as f64,
+        at - 3.0
+    );
+    let (series, _) = prometheus_get(&web, &range)?;
+    let profile: Vec<String> = series["data"]["result"][0]["values"]
+        .as_array()
+        .map(|values| {
+            values
+                .iter()
+                .filter_map(|v| v[1].as_str()?.parse::<f64>().ok())
+                .map(|v| format!("{v:.0}"))
+                .collect()
+        })
+        .unwrap_or_default();
     drop(prometheus);
     println!("  prometheus query {QUERY}: {answer}");
     let listed: Vec<String> = rates.iter().map(|r| format!("{r:.0}")).collect();
@@ -334,7 +365,19 @@ fn scrape_during_bench(cli: &Path, relay: &Relay, admin: &str, dir: &Path) -> Re
         .iter()
         .filter_map(|d| report[d]["iops"].as_f64())
         .sum::<f64>();
+    let ios = ["read", "write"]
+        .iter()
+        .filter_map(|d| report[d]["ios"].as_f64())
+        .sum::<f64>();
     println!("  brick bench: {json}");
+    println!(
+        "  prometheus {total_query} after the run: {stored:.0} (brick bench: {ios:.0} IOs); \
+         {QUERY} over the run, every 2 s: {}",
+        profile.join(", ")
+    );
+    if stored != ios {
+        bail!("Prometheus stored {stored} IOs for vol0, brick bench did {ios}");
+    }
     let status = Command::new(cli)
         .args(["target", "status", "--admin", admin])
         .output()
