@@ -157,3 +157,108 @@ impl Device for Frames {
         caps
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ADMIN: [u8; 4] = [10, 0, 2, 15];
+
+    /// An Ethernet frame of `ethertype` with `payload`.
+    fn frame(ethertype: u16, payload: &[u8]) -> Vec<u8> {
+        let mut f = vec![0xff; 12];
+        f.extend_from_slice(&ethertype.to_be_bytes());
+        f.extend_from_slice(payload);
+        f
+    }
+
+    /// An IPv4 header of `protocol` to `dst`.
+    fn ipv4(protocol: u8, dst: [u8; 4]) -> Vec<u8> {
+        let mut h = vec![
+            0x45, 0, 0, 40, 0, 0, 0x40, 0, 64, protocol, 0, 0, 10, 0, 2, 2,
+        ];
+        h.extend_from_slice(&dst);
+        h.extend_from_slice(&[0; 20]);
+        h
+    }
+
+    /// An ARP packet (`op` 1 request, 2 reply) whose target is `target`.
+    fn arp(op: u8, target: [u8; 4]) -> Vec<u8> {
+        let mut a = vec![0, 1, 8, 0, 6, 4, 0, op];
+        a.extend_from_slice(&[0x52, 0x55, 10, 0, 2, 2, 10, 0, 2, 2]);
+        a.extend_from_slice(&[0; 6]);
+        a.extend_from_slice(&target);
+        a
+    }
+
+    #[test]
+    fn tcp_to_the_admin_address_is_the_endpoints_alone_arp_is_shared() {
+        assert_eq!(
+            classify(&frame(0x0800, &ipv4(6, ADMIN)), ADMIN),
+            (true, true)
+        );
+        // RoCEv2 (UDP), ICMP and TCP to another address stay the engine's.
+        assert_eq!(
+            classify(&frame(0x0800, &ipv4(17, ADMIN)), ADMIN),
+            (false, false)
+        );
+        assert_eq!(
+            classify(&frame(0x0800, &ipv4(1, ADMIN)), ADMIN),
+            (false, false)
+        );
+        assert_eq!(
+            classify(&frame(0x0800, &ipv4(6, [10, 0, 2, 16])), ADMIN),
+            (false, false)
+        );
+        assert_eq!(
+            classify(&frame(0x0806, &arp(1, ADMIN)), ADMIN),
+            (true, false)
+        );
+        assert_eq!(
+            classify(&frame(0x0806, &arp(2, ADMIN)), ADMIN),
+            (true, false)
+        );
+        assert_eq!(
+            classify(&frame(0x0806, &arp(1, [10, 0, 2, 3])), ADMIN),
+            (false, false)
+        );
+        // Short or truncated frames are nobody's here.
+        assert_eq!(classify(&[0; 13], ADMIN), (false, false));
+        assert_eq!(
+            classify(&frame(0x0800, &[0x45, 0, 0]), ADMIN),
+            (false, false)
+        );
+        assert_eq!(
+            classify(&frame(0x0806, &arp(1, ADMIN)[..20]), ADMIN),
+            (false, false)
+        );
+    }
+
+    #[test]
+    fn only_arp_replies_are_held_back() {
+        assert!(is_arp_reply(&frame(0x0806, &arp(2, ADMIN))));
+        assert!(!is_arp_reply(&frame(0x0806, &arp(1, ADMIN))));
+        assert!(!is_arp_reply(&frame(0x0800, &ipv4(6, ADMIN))));
+        assert!(!is_arp_reply(&[0; 10]));
+    }
+
+    #[test]
+    fn rings_hold_their_slots_and_refuse_more() {
+        let mut ring = Ring::new(2, 64);
+        assert!(ring.back(65).is_none(), "a frame longer than a slot");
+        for n in 1..=2u8 {
+            ring.back(usize::from(n)).unwrap().fill(n);
+            ring.push_back();
+        }
+        assert!(ring.is_full() && ring.back(1).is_none());
+        assert_eq!(ring.front(), Some(&[1u8][..]));
+        ring.pop_front();
+        ring.back(3).unwrap().fill(3);
+        ring.push_back();
+        assert_eq!(ring.front(), Some(&[2u8, 2][..]));
+        ring.pop_front();
+        assert_eq!(ring.front(), Some(&[3u8, 3, 3][..]));
+        ring.pop_front();
+        assert_eq!(ring.front(), None);
+    }
+}
