@@ -7,9 +7,13 @@
 //! counted), `/volumes/thin0/extents` (200, the JSON ranges), a RAM
 //! volume (422), an unknown one (404), another method (405), and a
 //! connection from outside the admin sources (reset, logged, counted).
+//! The endpoint allocates nothing after it is built: a counting allocator
+//! watches every call into it (the harness's own callbacks excepted).
 
 mod common;
 
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
 use std::collections::VecDeque;
 use std::path::PathBuf;
 
@@ -28,6 +32,55 @@ use target_image::hosted_thin::HostedThin;
 use target_image::{Engine, RamOr};
 
 const ENGINE_MAC: [u8; 6] = [0x52, 0x54, 0x00, 0x77, 0x00, 0x01];
+
+thread_local! {
+    /// Set while the endpoint runs (not the harness's callbacks).
+    static ARMED: Cell<bool> = const { Cell::new(false) };
+    /// Allocations made while armed.
+    static ALLOCATIONS: Cell<u64> = const { Cell::new(0) };
+}
+
+struct Counting;
+
+// SAFETY: delegates to `System`, only adding thread-local bookkeeping that
+// does not allocate (const-initialised `Cell`s).
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        note();
+        // SAFETY: same contract as the caller's.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: same contract as the caller's.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        note();
+        // SAFETY: same contract as the caller's.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Counting = Counting;
+
+fn note() {
+    let _ = ARMED.try_with(|armed| {
+        if armed.get() {
+            let _ = ALLOCATIONS.try_with(|n| n.set(n.get() + 1));
+        }
+    });
+}
+
+/// Runs `f` with allocations counted (`on`) or not.
+fn armed<R>(on: bool, f: impl FnOnce() -> R) -> R {
+    let before = ARMED.with(|a| a.replace(on));
+    let result = f();
+    ARMED.with(|a| a.set(before));
+    result
+}
 
 fn manifest(pool: &std::path::Path) -> String {
     format!(
@@ -175,7 +228,7 @@ impl Segment<'_, '_> {
             if std::env::var_os("ADMIN_TCP_TRACE").is_some() {
                 eprintln!("client> {:02x?}", &frame[..frame.len().min(60)]);
             }
-            if !self.admin.receive(0, &frame) {
+            if !armed(true, || self.admin.receive(0, &frame)) {
                 self.world.engine.receive(0, now, &frame);
             }
         }
@@ -191,13 +244,16 @@ impl Segment<'_, '_> {
                 to_client.push(frame);
             });
         let log = &mut self.log;
-        self.admin.poll(
-            now,
-            &self.world.engine,
-            &as_thin,
-            &mut |frame| to_client.push(frame.to_vec()),
-            &mut |line| log.push(line.to_string()),
-        );
+        let (admin, engine) = (&mut self.admin, &self.world.engine);
+        armed(true, || {
+            admin.poll(
+                now,
+                engine,
+                &as_thin,
+                &mut |frame| armed(false, || to_client.push(frame.to_vec())),
+                &mut |line| armed(false, || log.push(line.to_string())),
+            )
+        });
         for frame in to_client {
             if std::env::var_os("ADMIN_TCP_TRACE").is_some() {
                 eprintln!("<target {:02x?}", &frame[..frame.len().min(60)]);
@@ -390,6 +446,11 @@ fn the_admin_endpoint_answers_http_over_smoltcp() {
                 &mut |_| panic!("nothing to send"),
                 &mut |_| {},
             ));
+            assert_eq!(
+                ALLOCATIONS.with(Cell::get),
+                0,
+                "the endpoint allocated after it was built"
+            );
             world.close_session(c);
         })
         .unwrap()
