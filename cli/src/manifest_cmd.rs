@@ -85,6 +85,44 @@ fn compile(file: &Path) -> Result<(String, Vec<u8>)> {
     Ok((config.to_string(), blob))
 }
 
+/// Refuses a manifest that neither target can serve: device pools or
+/// volumes (virtio-blk, NVMe: the image's) beside file or block pools
+/// (the hosted target's). Volumes of files and block devices in an image
+/// manifest are refused by [`crate::manifest_memory`]'s image check.
+///
+/// # Errors
+/// The pools and volumes that disagree.
+fn one_target(m: &Manifest<'_>) -> Result<()> {
+    use manifest::binary::Backing;
+    let image = m
+        .pools()
+        .find(|p| p.backing.is_device())
+        .map(|p| p.name)
+        .or_else(|| {
+            m.volumes()
+                .find(|v| matches!(v.backing, Backing::VirtioBlk(_) | Backing::Nvme { .. }))
+                .map(|v| v.name)
+        });
+    let hosted = m
+        .pools()
+        .find(|p| !p.backing.is_device())
+        .map(|p| (p.name, "pool", p.backing.kind()))
+        .or_else(|| {
+            m.volumes()
+                .find(|v| matches!(v.backing, Backing::File { .. } | Backing::Block { .. }))
+                .map(|v| (v.name, "volume", v.backing.kind()))
+        });
+    if let (Some(image), Some((name, what, kind))) = (image, hosted) {
+        return Err(anyhow!(
+            "{what} {name} is a {} {what}, which only the hosted target serves, but {image} is \
+             on a virtio-blk or NVMe device, which only the image serves: the image takes thin \
+             volumes on virtio-blk and nvme pools, the hosted target on file and block pools",
+            kind.as_str()
+        ));
+    }
+    Ok(())
+}
+
 /// The CRC-32 stored in a blob's header (bytes 12..16, little-endian).
 fn stored_checksum(blob: &[u8]) -> u32 {
     let mut bytes = [0u8; 4];
@@ -133,12 +171,21 @@ fn check(file: &Path, canonical: bool) -> Result<()> {
                     _ => None,
                 })
                 .sum();
+            let sized = if pool.backing.is_device() {
+                format!(
+                    "; its tables take {} B per 2 MiB extent of the disk, counted at boot",
+                    manifest::capacity::sizes::THIN_PHYSICAL_EXTENT
+                )
+            } else {
+                String::new()
+            };
             println!(
-                "  {pool}: thin volumes promise {}",
+                "  {pool}: thin volumes promise {}{sized}",
                 manifest::config::format_size(promised)
             );
         }
     }
+    one_target(&m).map_err(|e| anyhow!("{}: {e}", file.display()))?;
     println!("volumes     {}", m.volume_count());
     for volume in m.volumes() {
         println!("  {volume}");

@@ -32,12 +32,15 @@ fn by_kind(memory: &Memory) -> String {
     if memory.requests > 0 {
         line += &format!(", requests {}", format_size(memory.requests));
     }
+    if memory.thin > 0 {
+        line += &format!(", thin maps {}", format_size(memory.thin));
+    }
     line
 }
 
 /// Prints the capacity lines of `m`, then refuses (the error names the
 /// numbers) limits no HCA can hold, and an image manifest (one with
-/// virtio-blk or NVMe volumes, which only the image serves) that does not
+/// virtio-blk or NVMe volumes or pools, which only the image serves) that does not
 /// fit the image's RAM; other manifests that do not fit get a note.
 ///
 /// # Errors
@@ -79,7 +82,8 @@ pub fn print_and_check(m: &Manifest<'_>) -> Result<()> {
     }
     let image_only = m
         .volumes()
-        .any(|v| matches!(v.backing.kind(), VolumeKind::VirtioBlk | VolumeKind::Nvme));
+        .any(|v| matches!(v.backing.kind(), VolumeKind::VirtioBlk | VolumeKind::Nvme))
+        || m.pools().any(|p| p.backing.is_device());
     match capacity.check_image(m.ram_volume_bytes()) {
         Ok(()) => println!(
             "image       fits: needs {} of the {} below 4 GiB it can use",

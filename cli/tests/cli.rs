@@ -754,6 +754,28 @@ fn manifest_check_passes_every_example() {
                 run.stdout
             );
         }
+        if file.ends_with("image-thin.toml") {
+            for line in [
+                "pools       2",
+                "  vpool (virtio-blk pci 0000:00:10.0): thin volumes promise 80GiB; its tables take 32 B per 2 MiB extent of the disk, counted at boot",
+                "  thin2 (thin 1TiB on pool npool) as \"thin2\"",
+            ] {
+                assert!(
+                    run.stdout.lines().any(|l| l == line),
+                    "no {line:?} in:\n{}",
+                    run.stdout
+                );
+            }
+            // 1,104 GiB of virtual extents at 16 B each (8.6 MiB), three
+            // volumes' slots and two pools' buffers: 10.8 MiB of thin maps
+            // in the engine's memory.
+            assert!(
+                run.stdout.contains(", thin maps 10.8 MiB"),
+                "{}",
+                run.stdout
+            );
+            assert!(run.stdout.contains("image       fits: "), "{}", run.stdout);
+        }
         if file.ends_with("thin-pool.toml") {
             for line in [
                 "pools       1",
@@ -839,6 +861,30 @@ mode = "rw"
     assert!(
         run.stderr
             .contains("queue pairs per interface, an HCA holds at most 65536"),
+        "{}",
+        run.stderr
+    );
+}
+
+/// A manifest that puts thin volumes on a file pool beside a virtio-blk
+/// disk is one neither target serves: `manifest check` says why.
+#[test]
+fn manifest_check_refuses_host_pools_in_an_image_manifest() {
+    let scratch = Scratch::new("thin-image");
+    let file = scratch.path("m.toml");
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/image-thin.toml");
+    let text = std::fs::read_to_string(example).unwrap().replace(
+        "kind = \"nvme\"\nserial = \"brick-pool\"\nnamespace = 1",
+        "kind = \"file\"\npath = \"/var/lib/brick/p.img\"",
+    );
+    std::fs::write(&file, text).unwrap();
+    let run = brick(&["manifest".as_ref(), "check".as_ref(), file.as_os_str()])
+        .expect_code(1, "a file pool in an image manifest");
+    assert!(
+        run.stderr.contains(
+            "pool npool is a file pool, which only the hosted target serves, but vpool is on a \
+             virtio-blk or NVMe device, which only the image serves"
+        ),
         "{}",
         run.stderr
     );

@@ -33,6 +33,7 @@
 #![deny(missing_docs)]
 
 pub mod config;
+pub mod crash_check;
 pub mod engine;
 pub mod error;
 pub mod hosted;

@@ -1543,16 +1543,55 @@ mod writer {
             let mut pools = Vec::new();
             for p in &config.pools {
                 pools.extend_from_slice(&strings.add(&p.name));
-                let (path, size, kind) = match &p.backing {
+                // Selector, namespace and PCI address as a volume's
+                // (device pools; zero for files and block devices).
+                let (path, size, kind, selector, namespace, pci) = match &p.backing {
                     OwnedPoolBacking::File { path, size } => {
-                        (path, size.unwrap_or(0), VolumeKind::File)
+                        (path.as_str(), size.unwrap_or(0), VolumeKind::File, 0, 0, 0)
                     }
-                    OwnedPoolBacking::Block { path } => (path, 0, VolumeKind::Block),
+                    OwnedPoolBacking::Block { path } => {
+                        (path.as_str(), 0, VolumeKind::Block, 0, 0, 0)
+                    }
+                    OwnedPoolBacking::VirtioPci(pci) => (
+                        "",
+                        0,
+                        VolumeKind::VirtioBlk,
+                        SELECTOR_PCI,
+                        0u16,
+                        pci.to_u32(),
+                    ),
+                    OwnedPoolBacking::VirtioSerial(serial) => (
+                        serial.as_str(),
+                        0,
+                        VolumeKind::VirtioBlk,
+                        SELECTOR_SERIAL,
+                        0,
+                        0,
+                    ),
+                    // Out of range encodes as 0, which the read-back refuses.
+                    OwnedPoolBacking::NvmePci { pci, namespace } => (
+                        "",
+                        0,
+                        VolumeKind::Nvme,
+                        SELECTOR_PCI,
+                        u16::try_from(*namespace).unwrap_or(0),
+                        pci.to_u32(),
+                    ),
+                    OwnedPoolBacking::NvmeSerial { serial, namespace } => (
+                        serial.as_str(),
+                        0,
+                        VolumeKind::Nvme,
+                        SELECTOR_SERIAL,
+                        u16::try_from(*namespace).unwrap_or(0),
+                        0,
+                    ),
                 };
                 pools.extend_from_slice(&strings.add(path));
                 pools.extend_from_slice(&size.to_le_bytes());
                 pools.push(kind.code());
-                pools.extend_from_slice(&[0; 7]);
+                pools.push(selector);
+                pools.extend_from_slice(&namespace.to_le_bytes());
+                pools.extend_from_slice(&pci.to_le_bytes());
             }
             sections.push((section::POOLS, pools));
         } else if !config.pools.is_empty() {

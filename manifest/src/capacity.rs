@@ -32,7 +32,7 @@
 //! Byte counts use the per-item sizes of [`sizes`], upper bounds of the
 //! engine's types (target-image pins them).
 
-use crate::binary::Manifest;
+use crate::binary::{Backing, Manifest, PoolBacking};
 use crate::types::Limits;
 
 /// Receives the RTRS server posts on a path's first connection (Linux
@@ -83,6 +83,50 @@ pub mod sizes {
     pub const REQUEST: u64 = 64;
     /// One parked block request, per volume (each volume can park all).
     pub const PARKED: u64 = 128;
+    /// A thin volume's map entry per virtual extent (and its claim list
+    /// at the pool's open).
+    pub const THIN_VIRTUAL_EXTENT: u64 = 16;
+    /// A pool's tables per physical extent: owner entry, IO count, free
+    /// list slot and its share of the map blocks' state.
+    pub const THIN_PHYSICAL_EXTENT: u64 = 32;
+    /// A pool's fixed buffers: the 1 MiB scratch buffer of its open, 16
+    /// map-write blocks of 4 KiB, the superblock and volume table.
+    pub const THIN_POOL: u64 = (1 << 20) + (80 << 10);
+    /// A thin volume's request slots and completion queue.
+    pub const THIN_VOLUME: u64 = 32 << 10;
+}
+
+/// The thin volumes' tables of `manifest`: each volume's map (per virtual
+/// extent of 2 MiB) and request slots, each pool's fixed buffers and, for
+/// a file pool of a given size, its per-extent tables. A pool whose size
+/// is the device's (block, virtio-blk, NVMe) adds
+/// [`sizes::THIN_PHYSICAL_EXTENT`] per 2 MiB of the device, which the
+/// target counts when it opens the pool.
+pub fn thin_bytes(manifest: &Manifest<'_>) -> u64 {
+    const EXTENT: u64 = 2 << 20;
+    let volumes = manifest
+        .volumes()
+        .filter_map(|volume| match volume.backing {
+            Backing::Thin { size, .. } => Some(
+                size.div_ceil(EXTENT)
+                    .saturating_mul(sizes::THIN_VIRTUAL_EXTENT)
+                    .saturating_add(sizes::THIN_VOLUME),
+            ),
+            _ => None,
+        })
+        .fold(0u64, u64::saturating_add);
+    let pools = manifest
+        .pools()
+        .map(|pool| match pool.backing {
+            PoolBacking::File {
+                size: Some(size), ..
+            } => (size / EXTENT)
+                .saturating_mul(sizes::THIN_PHYSICAL_EXTENT)
+                .saturating_add(sizes::THIN_POOL),
+            _ => sizes::THIN_POOL,
+        })
+        .fold(0u64, u64::saturating_add);
+    volumes.saturating_add(pools)
 }
 
 /// The counts a manifest's limits make the engine hold (see the module
@@ -113,6 +157,9 @@ pub struct Capacity {
     pub pool_bytes: u64,
     /// Block requests the engine holds at once, all interfaces.
     pub requests: u64,
+    /// Bytes of thin volume maps and pool tables ([`thin_bytes`]; 0 from
+    /// [`Capacity::for_limits`]).
+    pub thin_bytes: u64,
 }
 
 /// Bytes a [`Capacity`] needs, by kind.
@@ -128,6 +175,8 @@ pub struct Memory {
     pub tables: u64,
     /// The engine's request tables (pending and parked requests).
     pub requests: u64,
+    /// Thin volumes' maps and pools' tables ([`thin_bytes`]).
+    pub thin: u64,
 }
 
 impl Memory {
@@ -138,6 +187,7 @@ impl Memory {
             .saturating_add(self.cq)
             .saturating_add(self.tables)
             .saturating_add(self.requests)
+            .saturating_add(self.thin)
     }
 }
 
@@ -175,7 +225,7 @@ impl core::fmt::Display for ImageFitError {
         write!(
             f,
             "the image needs {} MiB (engine {} MiB: chunks {} MiB, QPs {} MiB, CQs {} MiB, \
-             tables {} MiB, requests {} MiB; RAM volumes {} MiB; boot heap, rings and stack {} MiB), \
+             tables {} MiB, requests {} MiB, thin maps {} MiB; RAM volumes {} MiB; boot heap, rings and stack {} MiB), \
              it can use at most {} MiB below 4 GiB: lower [limits] max_sessions / queue_depth / \
              chunk_size / max_connections_per_path or the RAM volumes",
             mib(need),
@@ -185,6 +235,7 @@ impl core::fmt::Display for ImageFitError {
             mib(self.memory.cq),
             mib(self.memory.tables),
             mib(self.memory.requests),
+            mib(self.memory.thin),
             mib(self.ram_volumes),
             mib(self.fixed),
             mib(self.limit)
@@ -199,11 +250,14 @@ fn mib(bytes: u64) -> u64 {
 impl Capacity {
     /// The capacity `manifest` asks for.
     pub fn of(manifest: &Manifest<'_>) -> Capacity {
-        Self::for_limits(
-            &manifest.limits(),
-            manifest.interface_count(),
-            manifest.volume_count(),
-        )
+        Capacity {
+            thin_bytes: thin_bytes(manifest),
+            ..Self::for_limits(
+                &manifest.limits(),
+                manifest.interface_count(),
+                manifest.volume_count(),
+            )
+        }
     }
 
     /// The capacity of `limits` over `interfaces` interfaces serving
@@ -238,6 +292,7 @@ impl Capacity {
             pool_bytes: queue_depth * (u64::from(limits.chunk_size) + CHUNK_CONTROL_BYTES)
                 + POOL_CONTROL_BYTES,
             requests: path_pools * queue_depth * interfaces,
+            thin_bytes: 0,
         }
     }
 
@@ -262,6 +317,7 @@ impl Capacity {
                 .saturating_mul(sizes::CM_SLOT)
                 .saturating_add(regions.saturating_mul(sizes::REGION)),
             requests: 0,
+            thin: 0,
         }
     }
 
@@ -278,6 +334,7 @@ impl Capacity {
             requests: self
                 .requests
                 .saturating_mul(sizes::REQUEST + self.volumes * sizes::PARKED),
+            thin: self.thin_bytes,
         }
     }
 

@@ -130,6 +130,34 @@ pub enum PoolBacking {
         /// Absolute path.
         path: String,
     },
+    /// A virtio-blk disk by PCI slot (image).
+    VirtioPci(PciAddress),
+    /// A virtio-blk disk by serial (image).
+    VirtioSerial(String),
+    /// A namespace of the NVMe controller at a PCI address (image).
+    NvmePci {
+        /// The controller.
+        pci: PciAddress,
+        /// The namespace id.
+        namespace: u32,
+    },
+    /// A namespace of the NVMe controller with this serial (image).
+    NvmeSerial {
+        /// The controller's serial.
+        serial: String,
+        /// The namespace id.
+        namespace: u32,
+    },
+}
+
+impl PoolBacking {
+    /// The path of a file or block pool (`None` for a device pool).
+    pub fn path(&self) -> Option<&str> {
+        match self {
+            PoolBacking::File { path, .. } | PoolBacking::Block { path } => Some(path),
+            _ => None,
+        }
+    }
 }
 
 impl Backing {
@@ -285,6 +313,23 @@ impl Config {
                         binary::PoolBacking::Block { path } => PoolBacking::Block {
                             path: path.to_owned(),
                         },
+                        binary::PoolBacking::VirtioBlk(VirtioSelector::Pci(pci)) => {
+                            PoolBacking::VirtioPci(pci)
+                        }
+                        binary::PoolBacking::VirtioBlk(VirtioSelector::Serial(serial)) => {
+                            PoolBacking::VirtioSerial(serial.to_owned())
+                        }
+                        binary::PoolBacking::Nvme {
+                            controller: VirtioSelector::Pci(pci),
+                            namespace,
+                        } => PoolBacking::NvmePci { pci, namespace },
+                        binary::PoolBacking::Nvme {
+                            controller: VirtioSelector::Serial(serial),
+                            namespace,
+                        } => PoolBacking::NvmeSerial {
+                            serial: serial.to_owned(),
+                            namespace,
+                        },
                     },
                 })
                 .collect(),
@@ -378,6 +423,21 @@ impl fmt::Display for Config {
                 PoolBacking::Block { path } => {
                     writeln!(f, "kind = \"block\"\npath = {}", TomlStr(path))?
                 }
+                PoolBacking::VirtioPci(pci) => {
+                    writeln!(f, "kind = \"virtio-blk\"\npci = \"{pci}\"")?
+                }
+                PoolBacking::VirtioSerial(serial) => {
+                    writeln!(f, "kind = \"virtio-blk\"\nserial = {}", TomlStr(serial))?
+                }
+                PoolBacking::NvmePci { pci, namespace } => writeln!(
+                    f,
+                    "kind = \"nvme\"\npci = \"{pci}\"\nnamespace = {namespace}"
+                )?,
+                PoolBacking::NvmeSerial { serial, namespace } => writeln!(
+                    f,
+                    "kind = \"nvme\"\nserial = {}\nnamespace = {namespace}",
+                    TomlStr(serial)
+                )?,
             }
         }
         for v in &self.volumes {

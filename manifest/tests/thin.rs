@@ -214,3 +214,111 @@ fn older_formats_read_and_cannot_carry_pools() {
         ReadError::UnknownSection(manifest::binary::section::POOLS)
     );
 }
+
+/// Pools on the image's disks: a virtio-blk disk (by PCI address or
+/// serial) and an NVMe namespace, read back, printed as TOML that compiles
+/// to the same blob; what the compiler refuses about them.
+#[test]
+fn device_pools_compile_read_back_and_print() {
+    use manifest::types::{PciAddress, VirtioSelector};
+    let body = r#"
+[[pools]]
+name = "vpool"
+kind = "virtio-blk"
+pci = "00:10.0"
+
+[[pools]]
+name = "spool"
+kind = "virtio-blk"
+serial = "pool-disk"
+
+[[pools]]
+name = "npool"
+kind = "nvme"
+serial = "brick-nvme"
+namespace = 2
+
+[[volumes]]
+name = "t0"
+kind = "thin"
+pool = "vpool"
+size = "1GiB"
+
+[[volumes]]
+name = "t1"
+kind = "thin"
+pool = "npool"
+size = "64MiB"
+"#;
+    let blob = manifest::build(&manifest_with(body), "m.toml").unwrap();
+    let m = Manifest::parse(&blob).unwrap();
+    let backings: Vec<PoolBacking<'_>> = m.pools().map(|p| p.backing).collect();
+    assert_eq!(
+        backings,
+        [
+            PoolBacking::VirtioBlk(VirtioSelector::Pci(PciAddress::parse("00:10.0").unwrap())),
+            PoolBacking::VirtioBlk(VirtioSelector::Serial("pool-disk")),
+            PoolBacking::Nvme {
+                controller: VirtioSelector::Serial("brick-nvme"),
+                namespace: 2
+            },
+        ]
+    );
+    assert!(backings.iter().all(PoolBacking::is_device));
+    assert_eq!(backings[2].kind(), VolumeKind::Nvme);
+    let shown: Vec<String> = m.pools().map(|p| p.to_string()).collect();
+    assert_eq!(
+        shown,
+        [
+            "vpool (virtio-blk pci 0000:00:10.0)",
+            "spool (virtio-blk serial \"pool-disk\")",
+            "npool (nvme serial \"brick-nvme\" namespace 2)"
+        ]
+    );
+    let config = Config::from_manifest(&m);
+    let canonical = config.to_string();
+    assert!(canonical.contains("kind = \"nvme\"\nserial = \"brick-nvme\"\nnamespace = 2\n"));
+    let again = manifest::compile(&canonical, "canonical.toml").unwrap();
+    assert_eq!(again.to_binary().unwrap(), blob);
+
+    let error = |body: &str| {
+        manifest::compile(&manifest_with(body), "m.toml")
+            .unwrap_err()
+            .to_string()
+    };
+    let with_path = body.replace("pci = \"00:10.0\"", "pci = \"00:10.0\"\npath = \"/x\"");
+    assert!(
+        error(&with_path)
+            .contains("pools[0].path: not allowed for a virtio-blk pool (allowed: pci, serial)"),
+        "{}",
+        error(&with_path)
+    );
+    let sized = body.replace("pci = \"00:10.0\"", "pci = \"00:10.0\"\nsize = \"1GiB\"");
+    assert!(error(&sized).contains("pools[0].size: not allowed for a virtio-blk pool"));
+    let neither = body.replace("pci = \"00:10.0\"\n", "");
+    assert!(error(&neither).contains("pools[0]: a virtio-blk pool needs `pci` or `serial`"));
+    let twice = body.replace("serial = \"pool-disk\"", "pci = \"00:10.0\"");
+    assert!(
+        error(&twice).contains("pools[1]: same device as pools[0] (\"vpool\")"),
+        "{}",
+        error(&twice)
+    );
+    let shared =
+        format!("{body}\n[[volumes]]\nname = \"raw\"\nkind = \"virtio-blk\"\npci = \"00:10.0\"\n");
+    assert!(
+        error(&shared).contains("pools[0].kind: same device as volumes[2] (\"raw\")"),
+        "{}",
+        error(&shared)
+    );
+    // The reader refuses the same sharing in a blob.
+    let mut config = manifest::compile(&manifest_with(body), "m.toml").unwrap();
+    config.volumes.push(manifest::config::Volume {
+        name: "raw".into(),
+        device_path: "raw".into(),
+        backing: manifest::config::Backing::VirtioPci(PciAddress::parse("00:10.0").unwrap()),
+    });
+    assert_eq!(
+        config.to_binary().unwrap_err(),
+        ReadError::DuplicateBacking("raw".try_into().unwrap())
+    );
+}

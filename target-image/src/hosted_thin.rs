@@ -45,6 +45,14 @@ pub(crate) fn open_thin(
     queue_depth: u32,
 ) -> Result<HostedThin, BuildError> {
     let fail = |why: String| BuildError::Volume(volume.name.into(), why);
+    if pool.backing.is_device() {
+        return Err(fail(format!(
+            "pool {} is a {} pool, which the image serves; the hosted target takes file and \
+             block pools",
+            pool.name,
+            pool.backing.kind().as_str()
+        )));
+    }
     let open = existing(pool.backing.path())
         .map_or_else(|| open_pool(pool, file_config).map_err(&fail), Ok)?;
     open.volume(volume.name, size, queue_depth)

@@ -184,3 +184,31 @@ fn thin_volumes_share_a_pool_run_out_free_and_persist() {
         .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
     assert_eq!(std::fs::metadata(&pool).unwrap().len(), 16 * MIB);
 }
+
+/// A pool on a virtio-blk disk or an NVMe namespace is the image's: the
+/// hosted target refuses its thin volumes at build, naming the pool.
+#[test]
+fn the_hosted_target_refuses_pools_on_the_images_disks() {
+    for pool in [
+        "kind = \"virtio-blk\"\npci = \"00:10.0\"",
+        "kind = \"nvme\"\nserial = \"brick-pool\"",
+    ] {
+        let text = manifest_text(Path::new("/nonexistent")).replace(
+            "kind = \"file\"\npath = \"/nonexistent\"\nsize = \"16MiB\"",
+            pool,
+        );
+        let blob = manifest::build(&text, "thin.toml").expect("manifest");
+        let manifest = Manifest::parse(&blob).expect("manifest blob");
+        let error = Engine::with_volumes(manifest, |i| Keys(1000 + i as u64), hosted::open_volume)
+            .err()
+            .expect("the hosted target refuses a device pool")
+            .to_string();
+        assert!(
+            error.contains("pool pool0 is a ")
+                && error.contains(
+                    " pool, which the image serves; the hosted target takes file and block pools"
+                ),
+            "{error}"
+        );
+    }
+}

@@ -349,11 +349,16 @@ pub fn guest_mib(blob: &[u8]) -> u64 {
     // Each virtio-blk volume adds its rings and 32 bounce slots of one
     // chunk to the pool (target-image `virtio_blk_config(..).dma_bytes()`,
     // rounded up here).
+    // Thin pools on a disk take a disk's DMA like a disk volume.
     let count = |kind| {
-        manifest
+        (manifest
             .volumes()
             .filter(|v| v.backing.kind() == kind)
-            .count() as u64
+            .count()
+            + manifest
+                .pools()
+                .filter(|p| p.backing.kind() == kind)
+                .count()) as u64
     };
     let disks = count(manifest::VolumeKind::VirtioBlk);
     let disk_dma = 32 * u64::from(limits.chunk_size).next_multiple_of(4096) + 16 * 1024;
@@ -862,6 +867,7 @@ pub fn suite(filter: Option<&str>, failures: &mut Vec<String>) -> crate::suite::
     // The disk boots under UEFI (OVMF, q35, NVMe) first: the loader, the
     // slots and the bad media (`uefi::suite`).
     let mut counts = crate::uefi::suite(filter, failures);
+    crate::image_thin::suite(filter, failures, &mut counts);
     crate::image_admin::suite(filter, failures, &mut counts);
     let selected =
         |case: &BootCase| filter.is_none_or(|f| format!("image {}", case.name).contains(f));

@@ -100,7 +100,12 @@ mod io_opcode {
     pub const FLUSH: u8 = 0x00;
     pub const WRITE: u8 = 0x01;
     pub const READ: u8 = 0x02;
+    pub const WRITE_ZEROES: u8 = 0x08;
 }
+
+/// Most logical blocks of one Write Zeroes command (NLB is 16 bits,
+/// 0-based).
+const MAX_ZEROES_BLOCKS: u64 = 1 << 16;
 
 /// CC bits (§3.1.5).
 mod cc {
@@ -439,6 +444,8 @@ pub struct ControllerInfo {
     pub namespaces: u32,
     /// Whether there is a volatile write cache (VWC bit 0).
     pub volatile_write_cache: bool,
+    /// Whether the controller has the Write Zeroes command (ONCS bit 3).
+    pub write_zeroes: bool,
     /// The version register (VS): major << 16 | minor << 8 | tertiary.
     pub version: u32,
 }
@@ -662,6 +669,7 @@ impl<R: NvmeRegisters> NvmeController<R> {
                 max_transfer: None,
                 namespaces: 0,
                 volatile_write_cache: false,
+                write_zeroes: false,
                 version,
             },
             stride,
@@ -688,6 +696,7 @@ impl<R: NvmeRegisters> NvmeController<R> {
             .flatten();
         controller.info.namespaces = page.read_u32(516);
         controller.info.volatile_write_cache = page.read_u8(525) & 1 != 0;
+        controller.info.write_zeroes = page.read_u16(520) & (1 << 3) != 0;
         // Set Features, Number of Queues (FID 7): 0-based counts.
         let wanted = u32::from(config.io_queues - 1);
         let granted = controller.admin_command(
@@ -909,7 +918,7 @@ impl<R: NvmeRegisters> NvmeController<R> {
             volatile_write_cache: self.info.volatile_write_cache,
             fua: true,
             discard: None,
-            write_zeroes: false,
+            write_zeroes: self.info.write_zeroes,
             read_only: false,
         };
         let empty = Slot {
@@ -1186,9 +1195,21 @@ impl<H: Copy, R: NvmeRegisters> NvmeNamespace<H, R> {
             }
             Op::Flush if !self.info.volatile_write_cache => return Ok(Stage::Finished),
             Op::Flush => (io_opcode::FLUSH, None),
-            // `DeviceInfo::check` refused these (no discard, no write
-            // zeroes).
-            Op::Discard { .. } | Op::WriteZeroes { .. } => return Err(SubmitError::Unsupported),
+            // No data: SLBA and NLB only. `DeviceInfo::check` refused it
+            // if the controller lacks the command.
+            Op::WriteZeroes { offset, len } => {
+                let blocks = u64::from(len) >> shift;
+                if blocks == 0 || blocks > MAX_ZEROES_BLOCKS {
+                    return Err(SubmitError::TooLong);
+                }
+                let lba = offset >> shift;
+                command[10] = lba as u32;
+                command[11] = (lba >> 32) as u32;
+                command[12] = (blocks - 1) as u32;
+                (io_opcode::WRITE_ZEROES, None)
+            }
+            // `DeviceInfo::check` refused it (no discard).
+            Op::Discard { .. } => return Err(SubmitError::Unsupported),
         };
         command[0] = u32::from(opcode) | (u32::from(self.cid(slot)) << 16);
         if !self.queue.push(&command) {

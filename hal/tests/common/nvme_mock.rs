@@ -91,6 +91,8 @@ pub struct Controller {
     pub serial: &'static str,
     pub model: &'static str,
     pub vwc: bool,
+    /// Identify Controller's ONCS says Write Zeroes.
+    pub write_zeroes: bool,
     pub mdts: u8,
     /// I/O queue pairs granted (0-based in Set Features' answer).
     pub queues_granted: u16,
@@ -139,6 +141,7 @@ impl MockRegs {
             serial: "BRICKNVME0",
             model: "Brick mock NVMe",
             vwc: true,
+            write_zeroes: true,
             mdts: 5,
             queues_granted: 4,
             fault: Fault::None,
@@ -345,6 +348,8 @@ impl Controller {
                         page[77] = self.mdts;
                         page[516..520].copy_from_slice(&self.nn.to_le_bytes());
                         page[525] = u8::from(self.vwc);
+                        // ONCS: Write Zeroes (bit 3).
+                        page[520] = u8::from(self.write_zeroes) << 3;
                     }
                     0 => {
                         if let Some(namespace) = self.namespaces.get(&nsid) {
@@ -482,6 +487,17 @@ impl Controller {
         let shift = namespace.lba_shift;
         let status = match opcode {
             0x00 => 0,
+            0x08 if self.write_zeroes => {
+                let start = (lba as usize) << shift;
+                let len = blocks << shift;
+                if start + len > namespace.data.len() {
+                    self.seen.push(seen);
+                    return Some((0x80, 0));
+                }
+                let namespace = self.namespaces.get_mut(&nsid).unwrap();
+                namespace.data[start..start + len].fill(0);
+                0
+            }
             0x01 | 0x02 => {
                 let start = (lba as usize) << shift;
                 let len = blocks << shift;

@@ -6,15 +6,26 @@ use toml::Spanned;
 
 use super::{Compiler, RawSize, RawVolume, Result};
 use crate::config::{Backing, Pool, PoolBacking, Volume};
-use crate::types::{check_backing_path, check_name, MAX_POOLS, MAX_THIN_VOLUMES_PER_POOL};
+use crate::types::{
+    check_backing_path, check_name, check_serial, PciAddress, MAX_POOLS, MAX_THIN_VOLUMES_PER_POOL,
+};
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RawPool {
     name: Spanned<String>,
     kind: Spanned<String>,
-    path: Spanned<String>,
+    path: Option<Spanned<String>>,
     size: Option<Spanned<RawSize>>,
+    pci: Option<Spanned<String>>,
+    serial: Option<Spanned<String>>,
+    namespace: Option<Spanned<i64>>,
+}
+
+/// A device pool's selector, before the kind makes it a backing.
+enum Selector {
+    Pci(PciAddress),
+    Serial(String),
 }
 
 impl Compiler<'_> {
@@ -36,34 +47,7 @@ impl Compiler<'_> {
             let raw = item.get_ref();
             let path = |field: &str| format!("pools[{i}].{field}");
             let name = self.text(&raw.name, &path("name"), check_name)?;
-            let file = self.text(&raw.path, &path("path"), check_backing_path)?;
-            let backing = match raw.kind.get_ref().as_str() {
-                "file" => PoolBacking::File {
-                    path: file,
-                    size: raw
-                        .size
-                        .as_ref()
-                        .map(|s| self.block_size(s, &path("size")))
-                        .transpose()?,
-                },
-                "block" => {
-                    if let Some(size) = &raw.size {
-                        return Err(self.at(
-                            size,
-                            path("size"),
-                            "not allowed for a block pool (it takes the device's size)",
-                        ));
-                    }
-                    PoolBacking::Block { path: file }
-                }
-                other => {
-                    return Err(self.at(
-                        &raw.kind,
-                        path("kind"),
-                        format!("unknown pool kind {other:?}; expected \"file\" or \"block\""),
-                    ))
-                }
-            };
+            let backing = self.pool_backing(item, i)?;
             for (j, other) in out.iter().enumerate() {
                 if other.name == name {
                     return Err(self.at(
@@ -72,17 +56,148 @@ impl Compiler<'_> {
                         format!("duplicate pool name {name:?} (also pools[{j}])"),
                     ));
                 }
-                if pool_path(&other.backing) == pool_path(&backing) {
+                if same_storage(&other.backing, &backing) {
                     return Err(self.at(
-                        &raw.path,
-                        path("path"),
-                        format!("same path as pools[{j}] ({:?})", other.name),
+                        item,
+                        format!("pools[{i}]"),
+                        format!(
+                            "same {} as pools[{j}] ({:?})",
+                            if backing.path().is_some() {
+                                "path"
+                            } else {
+                                "device"
+                            },
+                            other.name
+                        ),
                     ));
                 }
             }
             out.push(Pool { name, backing });
         }
         Ok(out)
+    }
+
+    /// A pool's storage: `path` (and `size`) for a file, `path` for a
+    /// block device, `pci` or `serial` (and `namespace`) for a virtio-blk
+    /// disk or an NVMe namespace; any other field is refused.
+    fn pool_backing(&self, item: &Spanned<RawPool>, i: usize) -> Result<PoolBacking> {
+        let raw = item.get_ref();
+        let path = |field: &str| format!("pools[{i}].{field}");
+        let kind = raw.kind.get_ref().as_str();
+        let allowed: &[&str] = match kind {
+            "file" => &["path", "size"],
+            "block" => &["path"],
+            "virtio-blk" => &["pci", "serial"],
+            "nvme" => &["pci", "serial", "namespace"],
+            other => {
+                return Err(self.at(
+                    &raw.kind,
+                    path("kind"),
+                    format!(
+                        "unknown pool kind {other:?}; expected \"file\", \"block\" (hosted \
+                         target), \"virtio-blk\" or \"nvme\" (image)"
+                    ),
+                ))
+            }
+        };
+        let given = [
+            ("path", raw.path.as_ref().map(Spanned::span)),
+            ("size", raw.size.as_ref().map(Spanned::span)),
+            ("pci", raw.pci.as_ref().map(Spanned::span)),
+            ("serial", raw.serial.as_ref().map(Spanned::span)),
+            ("namespace", raw.namespace.as_ref().map(Spanned::span)),
+        ];
+        for (field, span) in given {
+            if let Some(span) = span {
+                if !allowed.contains(&field) {
+                    let why = if field == "size" && kind != "file" {
+                        format!("not allowed for a {kind} pool (it takes the device's size)")
+                    } else {
+                        format!(
+                            "not allowed for a {kind} pool (allowed: {})",
+                            allowed.join(", ")
+                        )
+                    };
+                    return Err(self.error(Some(span), path(field), why));
+                }
+            }
+        }
+        let file = || -> Result<String> {
+            match &raw.path {
+                Some(p) => self.text(p, &path("path"), check_backing_path),
+                None => Err(self.at(
+                    item,
+                    format!("pools[{i}]"),
+                    format!("a {kind} pool needs `path`"),
+                )),
+            }
+        };
+        let selector = || -> Result<Selector> {
+            match (&raw.pci, &raw.serial) {
+                (Some(pci), None) => PciAddress::parse(pci.get_ref())
+                    .map(Selector::Pci)
+                    .ok_or_else(|| {
+                        self.at(
+                            pci,
+                            path("pci"),
+                            format!(
+                                "expected a PCI address like \"00:05.0\", found {:?}",
+                                pci.get_ref()
+                            ),
+                        )
+                    }),
+                (None, Some(serial)) => self
+                    .text(serial, &path("serial"), check_serial)
+                    .map(Selector::Serial),
+                (Some(_), Some(serial)) => Err(self.at(
+                    serial,
+                    path("serial"),
+                    "give either `pci` or `serial`, not both",
+                )),
+                (None, None) => Err(self.at(
+                    item,
+                    format!("pools[{i}]"),
+                    format!("a {kind} pool needs `pci` or `serial`"),
+                )),
+            }
+        };
+        Ok(match kind {
+            "file" => PoolBacking::File {
+                path: file()?,
+                size: raw
+                    .size
+                    .as_ref()
+                    .map(|s| self.block_size(s, &path("size")))
+                    .transpose()?,
+            },
+            "block" => PoolBacking::Block { path: file()? },
+            "virtio-blk" => match selector()? {
+                Selector::Pci(pci) => PoolBacking::VirtioPci(pci),
+                Selector::Serial(serial) => PoolBacking::VirtioSerial(serial),
+            },
+            _ => {
+                let namespace = match &raw.namespace {
+                    None => 1,
+                    Some(n) => match u16::try_from(*n.get_ref()) {
+                        Ok(value) if value > 0 => u32::from(value),
+                        _ => {
+                            return Err(self.at(
+                                n,
+                                path("namespace"),
+                                format!(
+                                    "expected a namespace id from 1 to 65535, found {}",
+                                    n.get_ref()
+                                ),
+                            ))
+                        }
+                    },
+                };
+                match selector()? {
+                    Selector::Pci(pci) => PoolBacking::NvmePci { pci, namespace },
+                    Selector::Serial(serial) => PoolBacking::NvmeSerial { serial, namespace },
+                }
+            }
+        })
     }
 
     /// A thin volume's backing: `pool` (declared) and `size` (required).
@@ -139,15 +254,44 @@ impl Compiler<'_> {
         };
         for (i, (pool, item)) in pools.iter().zip(list.get_ref()).enumerate() {
             for (j, volume) in volumes.iter().enumerate() {
-                let path = match &volume.backing {
-                    Backing::File { path, .. } | Backing::Block { path } => path,
-                    _ => continue,
+                let same = match (&volume.backing, &pool.backing) {
+                    (Backing::File { path, .. } | Backing::Block { path }, pool) => {
+                        pool.path() == Some(path.as_str())
+                    }
+                    (Backing::VirtioPci(a), PoolBacking::VirtioPci(b)) => a == b,
+                    (Backing::VirtioSerial(a), PoolBacking::VirtioSerial(b)) => a == b,
+                    (
+                        Backing::NvmePci {
+                            pci: a,
+                            namespace: m,
+                        },
+                        PoolBacking::NvmePci {
+                            pci: b,
+                            namespace: n,
+                        },
+                    ) => a == b && m == n,
+                    (
+                        Backing::NvmeSerial {
+                            serial: a,
+                            namespace: m,
+                        },
+                        PoolBacking::NvmeSerial {
+                            serial: b,
+                            namespace: n,
+                        },
+                    ) => a == b && m == n,
+                    _ => false,
                 };
-                if path == pool_path(&pool.backing) {
+                if same {
+                    let (field, what) = if pool.backing.path().is_some() {
+                        ("path", "path")
+                    } else {
+                        ("kind", "device")
+                    };
                     return Err(self.at(
-                        &item.get_ref().path,
-                        format!("pools[{i}].path"),
-                        format!("same path as volumes[{j}] ({:?})", volume.name),
+                        item,
+                        format!("pools[{i}].{field}"),
+                        format!("same {what} as volumes[{j}] ({:?})", volume.name),
                     ));
                 }
             }
@@ -170,8 +314,11 @@ impl Compiler<'_> {
     }
 }
 
-fn pool_path(backing: &PoolBacking) -> &str {
-    match backing {
-        PoolBacking::File { path, .. } | PoolBacking::Block { path } => path,
+/// Whether two pools name the same file, block device, disk or namespace.
+fn same_storage(a: &PoolBacking, b: &PoolBacking) -> bool {
+    match (a.path(), b.path()) {
+        (Some(a), Some(b)) => a == b,
+        (None, None) => a == b,
+        _ => false,
     }
 }

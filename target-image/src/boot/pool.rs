@@ -21,7 +21,7 @@
 //!    is not reserved in the pool as well (it used to be, which made the
 //!    default limits need twice the memory).
 
-use manifest::binary::{Backing, Manifest};
+use manifest::binary::{Backing, Manifest, PoolBacking};
 
 /// The heap before the manifest is known.
 pub const BOOT_HEAP_BYTES: u64 = 8 << 20;
@@ -80,7 +80,17 @@ impl PoolPlan {
                 Backing::Nvme { .. } => per_namespace,
                 _ => 0,
             })
-            .fold(0u64, u64::saturating_add);
+            .fold(0u64, u64::saturating_add)
+            .saturating_add(
+                manifest
+                    .pools()
+                    .map(|pool| match pool.backing {
+                        PoolBacking::VirtioBlk(_) => per_disk,
+                        PoolBacking::Nvme { .. } => per_namespace,
+                        _ => 0,
+                    })
+                    .fold(0u64, u64::saturating_add),
+            );
         PoolPlan {
             rings: RING_BYTES.saturating_add(disks),
             disks,

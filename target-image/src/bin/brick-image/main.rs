@@ -93,6 +93,8 @@ mod rng;
 mod serial;
 #[cfg(target_os = "none")]
 mod serve;
+#[cfg(target_os = "none")]
+mod thin_pools;
 
 #[cfg(target_os = "none")]
 mod board {

@@ -121,11 +121,13 @@ const STATS_EVERY_NS: u64 = 30_000_000_000;
 
 /// The image's NIC type.
 pub type Net = VirtioNet<PciTransport>;
+/// A virtio-blk disk or an NVMe namespace whose requests carry handles `H`.
+pub type DiskOf<H> = Either<VirtioBlk<H, PciTransport>, NvmeNamespace<H, MmioRegisters>>;
 /// The image's disk type: a virtio-blk disk or an NVMe namespace.
-pub type Disk = Either<VirtioBlk<Chunk, PciTransport>, NvmeNamespace<Chunk, MmioRegisters>>;
+pub type Disk = DiskOf<Chunk>;
 
-/// A volume of the image: RAM or a disk.
-pub type Volume = target_image::RamOr<Box<Disk>>;
+/// A volume of the image: RAM, a disk, or a thin volume on a pool disk.
+pub type Volume = target_image::RamOr<Box<Either<Disk, crate::thin_pools::Thin>>>;
 
 /// An IRQ line (or its absence) for the log.
 struct Irq(Option<u8>);
@@ -172,14 +174,20 @@ pub fn is_nvme(function: &Function) -> bool {
 
 /// Refuses (exit [`ExitCode::Unsupported`]) a manifest with a volume kind
 /// the image does not serve: it serves RAM, virtio-blk and NVMe volumes
-/// ([`choose_disks`]); files and host block devices are the hosted
-/// target's.
+/// ([`choose_disks`]) and thin volumes on virtio-blk and NVMe pools
+/// ([`crate::thin_pools`]); files and host block devices (as volumes or pools)
+/// are the hosted target's.
 pub fn check_volume_kinds(manifest: &Manifest<'_>) {
     let mut refused = 0;
     for volume in manifest.volumes() {
         let why = match volume.backing {
             Backing::Ram { .. } | Backing::VirtioBlk(_) | Backing::Nvme { .. } => continue,
-            _ => "not served by the image (RAM, virtio-blk and NVMe volumes only)",
+            Backing::Thin { pool, .. } if pool.backing.is_device() => continue,
+            Backing::Thin { .. } => {
+                "its pool is a file or block device: the image takes thin volumes on \
+                 virtio-blk and nvme pools"
+            }
+            _ => "not served by the image (RAM, virtio-blk, NVMe and thin volumes only)",
         };
         log!(
             "volume {}: kind {}: {why}",
@@ -520,11 +528,18 @@ pub fn choose_disks(
         controllers: Vec::new(),
         namespaces: Vec::new(),
     };
-    let wants = |kind| {
-        manifest
-            .volumes()
-            .any(|volume| volume.backing.kind() == kind)
-    };
+    // Who needs a disk: "volume NAME" (virtio-blk and NVMe volumes) and
+    // "pool NAME" (thin pools on them), the key `open_disk` is given.
+    let users: Vec<(String, Backing<'_>)> = manifest
+        .volumes()
+        .filter(|volume| matches!(volume.backing, Backing::VirtioBlk(_) | Backing::Nvme { .. }))
+        .map(|volume| (alloc::format!("volume {}", volume.name), volume.backing))
+        .chain(manifest.pools().filter_map(|pool| {
+            crate::thin_pools::device_backing(&pool)
+                .map(|backing| (crate::thin_pools::pool_key(pool.name), backing))
+        }))
+        .collect();
+    let wants = |kind| users.iter().any(|(_, backing)| backing.kind() == kind);
     if wants(VolumeKind::VirtioBlk) {
         for function in virtio {
             let probe = probe_disk(pci, function, pool, clock);
@@ -599,8 +614,9 @@ pub fn choose_disks(
     let mut chosen = Vec::new();
     let mut namespaces: Vec<(String, usize, u32)> = Vec::new();
     let mut owner: Vec<Option<&str>> = alloc::vec![None; virtio.len()];
-    for volume in manifest.volumes() {
-        let outcome = match volume.backing {
+    for (user, backing) in &users {
+        let user = user.as_str();
+        let outcome = match *backing {
             Backing::VirtioBlk(selector) => choose_device(selector, &virtio_candidates)
                 .map_err(|error| match error {
                     ChoiceError::NoDeviceAt(wanted) => alloc::format!(
@@ -624,14 +640,13 @@ pub fn choose_disks(
                 })
                 .and_then(|slot| match owner[slot] {
                     Some(other) => Err(alloc::format!(
-                        "pci {} is also volume {other}'s: two volumes cannot share a disk",
+                        "pci {} is also {other}'s: two volumes or pools cannot share a disk",
                         virtio[slot].address
                     )),
                     None => {
-                        owner[slot] = Some(volume.name);
+                        owner[slot] = Some(user);
                         log!(
-                            "disk: volume {} gets pci {} ({}; {})",
-                            volume.name,
+                            "disk: {user} gets pci {} ({}; {})",
                             virtio[slot].address,
                             match selector {
                                 VirtioSelector::Serial(_) => "by serial",
@@ -639,7 +654,7 @@ pub fn choose_disks(
                             },
                             SerialOf(&disks.probes[slot].serial)
                         );
-                        chosen.push((String::from(volume.name), slot));
+                        chosen.push((String::from(user), slot));
                         Ok(())
                     }
                 }),
@@ -673,7 +688,7 @@ pub fn choose_disks(
                         .find(|(_, i, n)| *i == index && *n == namespace)
                     {
                         return Err(alloc::format!(
-                            "namespace {namespace} of pci {} is also volume {other}'s",
+                            "namespace {namespace} of pci {} is also {other}'s",
                             nvme[index].address
                         ));
                     }
@@ -691,17 +706,16 @@ pub fn choose_disks(
                         }
                         Ok(controller) => {
                             log!(
-                                "nvme: volume {} gets namespace {namespace} of pci {} ({}; \
+                                "nvme: {user} gets namespace {namespace} of pci {} ({}; \
                                  serial \"{}\")",
-                                volume.name,
                                 nvme[index].address,
-                                match controller_selector_kind(&volume.backing) {
+                                match controller_selector_kind(backing) {
                                     true => "by serial",
                                     false => "by PCI address",
                                 },
                                 controller.info().serial
                             );
-                            namespaces.push((String::from(volume.name), index, namespace));
+                            namespaces.push((String::from(user), index, namespace));
                             Ok(())
                         }
                     }
@@ -709,7 +723,7 @@ pub fn choose_disks(
             _ => continue,
         };
         if let Err(why) = outcome {
-            log!("volume {volume}: {why}");
+            log!("{user}: {why}");
             refused += 1;
         }
     }
@@ -720,7 +734,7 @@ pub fn choose_disks(
     if refused > 0 {
         fail(
             ExitCode::BadManifest,
-            format_args!("{refused} disk volume(s) without a device: manifest refused"),
+            format_args!("{refused} disk volume(s) or pool(s) without a device: manifest refused"),
         );
     }
     disks
@@ -737,31 +751,27 @@ fn controller_selector_kind(backing: &Backing<'_>) -> bool {
     )
 }
 
-/// Opens the disk volume `volume` on the device [`choose_disks`] gave
-/// it, rings and bounce slots from `pool`.
-fn open_disk(
+/// Opens the disk of `user` ("volume NAME" or "pool NAME", backed by
+/// `backing`) on the device [`choose_disks`] gave it, rings and bounce
+/// slots from `pool`; `H` is the handle its requests carry.
+pub fn open_disk<H: Copy>(
     pci: &Mechanism,
     disks: &mut Disks,
     pool: &mut DmaPool,
     clock: &Tsc,
     config: &ServerConfig,
-    volume: &manifest::binary::Volume<'_>,
-) -> Result<Disk, BuildError> {
-    let refuse = |why: String| BuildError::Volume(volume.name.into(), why);
-    if let Backing::Nvme { .. } = volume.backing {
-        let Some(&(_, index, namespace)) = disks
-            .namespaces
-            .iter()
-            .find(|(name, ..)| name == volume.name)
+    user: &str,
+    backing: &Backing<'_>,
+) -> Result<DiskOf<H>, String> {
+    if let Backing::Nvme { .. } = backing {
+        let Some(&(_, index, namespace)) = disks.namespaces.iter().find(|(name, ..)| name == user)
         else {
-            return Err(refuse(
-                "no NVMe namespace was chosen for this volume".into(),
-            ));
+            return Err("no NVMe namespace was chosen".into());
         };
         let entry = &mut disks.controllers[index];
         let address = entry.function.address;
         let Ok(controller) = &mut entry.controller else {
-            return Err(refuse(alloc::format!("pci {address}: controller not up")));
+            return Err(alloc::format!("pci {address}: controller not up"));
         };
         let device = controller
             .open_namespace(
@@ -770,16 +780,11 @@ fn open_disk(
                 pool,
                 target_image::boot::pool::nvme_queue_config(config),
             )
-            .map_err(|error| {
-                refuse(alloc::format!(
-                    "pci {address} namespace {namespace}: {error}"
-                ))
-            })?;
+            .map_err(|error| alloc::format!("pci {address} namespace {namespace}: {error}"))?;
         let info = device.info();
         log!(
-            "nvme: volume {} on namespace {namespace} of pci {address} (queue pair {}): {} in \
+            "nvme: {user} on namespace {namespace} of pci {address} (queue pair {}): {} in \
              {}-byte blocks, write cache {}, max transfer {}, DMA left {} KiB",
-            volume.name,
             device.queue_id(),
             Bytes(info.size),
             info.logical_block_size,
@@ -789,25 +794,24 @@ fn open_disk(
         );
         return Ok(Either::Right(device));
     }
-    let Some(&(_, slot)) = disks.chosen.iter().find(|(name, _)| name == volume.name) else {
-        return Err(refuse("no disk was chosen for this volume".into()));
+    let Some(&(_, slot)) = disks.chosen.iter().find(|(name, _)| name == user) else {
+        return Err("no disk was chosen".into());
     };
     let function = &disks.functions[slot];
     let address = function.address;
     let transport = transport(pci, function, Intx::Disabled)
-        .map_err(|why| refuse(alloc::format!("pci {address}: {why}")))?;
+        .map_err(|why| alloc::format!("pci {address}: {why}"))?;
     let disk = VirtioBlk::new(transport, pool, target_image::virtio_blk_config(config))
-        .map_err(|error| refuse(alloc::format!("pci {address}: virtio-blk: {error}")))?;
+        .map_err(|error| alloc::format!("pci {address}: virtio-blk: {error}"))?;
     let info = disk.info();
-    let how = match volume.backing {
+    let how = match backing {
         Backing::VirtioBlk(VirtioSelector::Serial(_)) => "by serial",
         _ => "by PCI address",
     };
     let serial = disks.probes.get(slot).map(|probe| &probe.serial);
     log!(
-        "disk: volume {} on pci {address} ({how}; {}): {} in {}-byte blocks, write cache {}, \
+        "disk: {user} on pci {address} ({how}; {}): {} in {}-byte blocks, write cache {}, \
          features {:#x}, DMA left {} KiB",
-        volume.name,
         match serial {
             Some(serial) => alloc::format!("{}", SerialOf(serial)),
             None => "serial not read".into(),
@@ -926,13 +930,39 @@ pub fn serve(
     // opened, then the rest of the engine (registered arenas, tables).
     let build_start = clock.now();
     let mut volumes_ns = 0;
+    let mut pools = crate::thin_pools::Pools::default();
     let open = |config: &ServerConfig, volume: &manifest::binary::Volume<'_>| {
         let start = clock.now();
         let opened = match volume.backing {
             Backing::VirtioBlk(_) | Backing::Nvme { .. } => {
-                open_disk(pci, &mut disks, &mut pool, &clock, config, volume)
-                    .map(|disk| Volume::Device(Box::new(disk)))
+                let user = alloc::format!("volume {}", volume.name);
+                open_disk(
+                    pci,
+                    &mut disks,
+                    &mut pool,
+                    &clock,
+                    config,
+                    &user,
+                    &volume.backing,
+                )
+                .map(|disk| Volume::Device(Box::new(Either::Left(disk))))
+                .map_err(|why| BuildError::Volume(volume.name.into(), why))
             }
+            Backing::Thin {
+                pool: thin_pool,
+                size,
+            } => pools
+                .volume(
+                    config,
+                    &thin_pool,
+                    volume.name,
+                    size,
+                    |config, key, backing| {
+                        open_disk(pci, &mut disks, &mut pool, &clock, config, key, backing)
+                    },
+                )
+                .map(|thin| Volume::Device(Box::new(Either::Right(thin))))
+                .map_err(|why| BuildError::Volume(volume.name.into(), why)),
             _ => target_image::ram_volume(volume).map(|ram| Volume::Ram(Box::new(ram))),
         };
         volumes_ns += clock.now() - start;
