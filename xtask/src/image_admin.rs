@@ -16,9 +16,12 @@
 //! `sum(rate(brick_volume_reads_total[5s]) + rate(brick_volume_writes_total[5s]))`,
 //! once a second from 60% to 90% of the run; the last answer must be above
 //! zero, and the case prints the answers next to the IOPS the initiator
-//! measured. Then `brick target status --admin` and
-//! `/volumes/vol0/extents` (422: a RAM volume is not thin) are read
-//! through the same forward.
+//! measured; after the run, the counters it stored must equal the IOs the
+//! initiator did. Then, through the same forward: `brick target status
+//! --admin`; 4 MiB written to the thin volume `thin0` (on a pool on a
+//! virtio-blk disk) and its extents read back with `brick target extents
+//! --admin` (two allocated, one range); and `vol0`'s extents (422: a RAM
+//! volume is not thin).
 
 use crate::relay::Relay;
 use crate::suite::Counts;
@@ -44,7 +47,11 @@ const BOOT_TIMEOUT: Duration = Duration::from_secs(120);
 /// The query: IO answered per second, all volumes.
 const QUERY: &str = "sum(rate(brick_volume_reads_total[5s]) + rate(brick_volume_writes_total[5s]))";
 
-/// The manifest: the relay interface, the admin interface, a RAM volume.
+/// The pool disk: 32 MiB, 15 extents after the metadata.
+const POOL_DISK_BYTES: u64 = 32 << 20;
+
+/// The manifest: the relay interface, the admin interface, a RAM volume
+/// and a thin volume on a pool on the first virtio-blk disk.
 fn manifest() -> String {
     format!(
         concat!(
@@ -53,10 +60,13 @@ fn manifest() -> String {
             "\n[[interfaces]]\nname = \"eth0\"\nmac = \"52:54:00:77:00:01\"\naddress = \"10.77.0.1/24\"\n",
             "\n[[interfaces]]\nname = \"adm0\"\nmac = \"52:54:00:12:34:56\"\naddress = \"10.0.2.15/24\"\n",
             "\n[admin]\naddress = \"{admin}\"\nsources = [\"10.0.2.2\"]\n",
+            "\n[[pools]]\nname = \"pool0\"\nkind = \"virtio-blk\"\npci = \"{pool}\"\n",
             "\n[[volumes]]\nname = \"vol0\"\nkind = \"ram\"\nsize = \"64MiB\"\n",
+            "\n[[volumes]]\nname = \"thin0\"\nkind = \"thin\"\npool = \"pool0\"\nsize = \"16MiB\"\n",
             "\n[[access]]\nsessions = \"*\"\nvolumes = \"*\"\nmode = \"rw\"\n"
         ),
-        admin = ADMIN_GUEST
+        admin = ADMIN_GUEST,
+        pool = crate::image::disk_pci(0)
     )
 }
 
@@ -170,13 +180,15 @@ fn run_case() -> Result<String> {
     let (config, blob, blob_path) = crate::image::compile_to_blob(&manifest_path, &dir)?;
     let mac = config.interfaces.first().context("no interface")?.mac.0;
     let relay = Relay::start(&dir.join("a.sock"), &dir.join("b.sock"), 0xad31, None)?;
+    let pool = dir.join("pool.img");
+    std::fs::File::create(&pool)?.set_len(POOL_DISK_BYTES)?;
     let forward = free_port()?;
     let admin = format!("127.0.0.1:{forward}");
     let mut command = crate::image::qemu_command(
         &image,
         &blob_path,
         crate::image::guest_mib(&blob),
-        &[],
+        &[pool],
         &[(relay.b.clone(), mac)],
     )?;
     command.extend(crate::image::user_nic_args(
@@ -394,11 +406,77 @@ fn scrape_during_bench(cli: &Path, relay: &Relay, admin: &str, dir: &Path) -> Re
     for line in status_text.lines() {
         println!("    {line}");
     }
+    let thin = thin_extents(cli, &link, admin)?;
     let (code, body) = http_get(admin, "/volumes/vol0/extents")?;
     if code != 422 {
         bail!("GET /volumes/vol0/extents: expected 422 (a RAM volume), got {code}: {body}");
     }
     Ok(format!(
-        "Prometheus {QUERY} = {rate:.0} IO/s during the run; brick bench measured {iops:.0} IOPS"
+        "Prometheus {QUERY} = {rate:.0} IO/s during the run; brick bench measured {iops:.0} IOPS; \
+         {thin}"
+    ))
+}
+
+/// Writes 4 MiB at the start of `thin0` and reads its extents through
+/// the endpoint: two allocated extents, one range.
+fn thin_extents(cli: &Path, link: &str, admin: &str) -> Result<String> {
+    let write = [
+        "io",
+        "--link",
+        link,
+        "--local",
+        "10.77.0.2/24",
+        "--target",
+        "10.77.0.1",
+        "--session",
+        "thin",
+        "--volume",
+        "thin0",
+        "verify",
+        "--size",
+        "4M",
+        "--bs",
+        "128k",
+    ];
+    let output = Command::new(cli)
+        .args(write)
+        .output()
+        .context("run brick io")?;
+    if !output.status.success() {
+        bail!(
+            "brick {} ({}):\n{}{}",
+            write.join(" "),
+            output.status,
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    let args = [
+        "target", "extents", "--admin", admin, "--volume", "thin0", "--json",
+    ];
+    let output = Command::new(cli)
+        .args(args)
+        .output()
+        .context("run brick target extents")?;
+    let text = String::from_utf8_lossy(&output.stdout);
+    println!("  $ brick {}\n    {}", args.join(" "), text.trim());
+    if !output.status.success() {
+        bail!(
+            "brick {} ({}): {text}{}",
+            args.join(" "),
+            output.status,
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    let json: serde_json::Value =
+        serde_json::from_str(&text).with_context(|| format!("parse {text}"))?;
+    let expected =
+        serde_json::json!([{"first_extent": 0, "extents": 2, "offset": 0, "length": 4194304}]);
+    if json["allocated_extents"] != 2 || json["ranges"] != expected {
+        bail!("thin0's extents after 4 MiB written at 0: expected two in one range, got {text}");
+    }
+    Ok(format!(
+        "thin0: {} extents allocated of {}, ranges {}",
+        json["allocated_extents"], json["pool_extents"], json["ranges"]
     ))
 }

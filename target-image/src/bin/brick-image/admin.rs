@@ -24,8 +24,8 @@ impl Admin {
     /// [`ExitCode::BadManifest`] if its address is no interface's.
     pub fn open(manifest: &Manifest<'_>, now: u64) -> Self {
         let mut rng = crate::rng::Source::detect();
-        let seed = u64::from(hal::Rng::next_u32(&mut rng)) << 32
-            | u64::from(hal::Rng::next_u32(&mut rng));
+        let seed =
+            u64::from(hal::Rng::next_u32(&mut rng)) << 32 | u64::from(hal::Rng::next_u32(&mut rng));
         match AdminTcp::new(manifest, seed, now) {
             Ok(Some(tcp)) => {
                 let interface = manifest.interfaces().nth(tcp.interface());
@@ -55,7 +55,12 @@ impl Admin {
 
     /// Runs the endpoint once (a snapshot of `engine` if a request is
     /// due), sending on its interface's NIC; whether anything happened.
-    pub fn poll<P: Port>(&mut self, now: u64, engine: &Engine<'_, P, Volume>, nics: &mut [Net]) -> bool {
+    pub fn poll<P: Port>(
+        &mut self,
+        now: u64,
+        engine: &Engine<'_, P, Volume>,
+        nics: &mut [Net],
+    ) -> bool {
         let Some(tcp) = self.0.as_mut() else {
             return false;
         };
