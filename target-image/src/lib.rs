@@ -61,8 +61,12 @@
 //! [`arena_bytes`], [`hca_capacity`], [`max_requests`]), `stats`
 //! ([`StatsReport`]), `latency` (per-volume histograms, [`LatencyHistogram`]),
 //! `metrics` and `metrics_sessions` ([`Engine::write_metrics`]: the
-//! Prometheus text format), `admin` (hosted: the snapshot exchange with the
-//! admin thread, docs/ADMIN.md), `icmp` (echo replies) and `error`
+//! Prometheus text format), `admin_render` (what the admin endpoint
+//! renders: metrics, extent lists), `admin_http` (its HTTP, shared by the
+//! hosted target and the image), `admin` (hosted: the snapshot exchange
+//! with the admin thread), `admin_tcp` (the image: the endpoint over
+//! smoltcp TCP on one interface) and `admin_frames` (its frames and
+//! smoltcp device; docs/ADMIN.md), `icmp` (echo replies) and `error`
 //! ([`BuildError`]).
 //!
 //! # Limits of this version
@@ -90,6 +94,10 @@ macro_rules! log {
 
 #[cfg(feature = "std")]
 pub mod admin;
+mod admin_frames;
+pub mod admin_http;
+pub mod admin_render;
+pub mod admin_tcp;
 pub mod boot;
 mod capacity;
 mod engine;

@@ -272,7 +272,7 @@ fn extents_and_thin_gauges_come_through_the_admin_exchange() {
             assert_eq!(answer, AdminAnswer::NotThin);
             assert_eq!(
                 String::from_utf8(body).unwrap(),
-                "{\"error\":\"volume ram0 is not thin: it has no extents\"}"
+                r#"{"error":"volume \"ram0\" is not thin: it has no extents"}"#
             );
             assert_eq!(ask(&mut world, AdminRequest::Extents(9)).0, AdminAnswer::NoVolume);
             let (answer, body) = ask(&mut world, AdminRequest::Metrics);

@@ -156,6 +156,32 @@ fn nic_args(index: usize, socket: &Path, mac: [u8; 6]) -> Result<[String; 4]> {
     ])
 }
 
+/// `-netdev`/`-device` arguments for NIC `index` on QEMU user networking
+/// (`restrict=on`: the guest reaches nothing outside) over `net`, with
+/// `mac`, forwarding each `(host port, guest address:port)` of `forwards`
+/// from 127.0.0.1 (connections arrive from the network's gateway, `.2`).
+pub fn user_nic_args(
+    index: usize,
+    mac: [u8; 6],
+    net: &str,
+    forwards: &[(u16, &str)],
+) -> [String; 4] {
+    let [a, b, c, d, e, f] = mac;
+    let forwards: String = forwards
+        .iter()
+        .map(|(port, guest)| format!(",hostfwd=tcp:127.0.0.1:{port}-{guest}"))
+        .collect();
+    [
+        "-netdev".into(),
+        format!("user,id=n{index},net={net},restrict=on{forwards}"),
+        "-device".into(),
+        format!(
+            "virtio-net-pci,netdev=n{index},disable-legacy=on,\
+             mac={a:02x}:{b:02x}:{c:02x}:{d:02x}:{e:02x}:{f:02x}"
+        ),
+    ]
+}
+
 /// How QEMU's exit status reads (`isa-debug-exit`: `(code << 1) | 1`).
 fn verdict(status: i32) -> &'static str {
     match status {
@@ -842,6 +868,7 @@ pub fn suite(filter: Option<&str>, failures: &mut Vec<String>) -> crate::suite::
     // slots and the bad media (`uefi::suite`).
     let mut counts = crate::uefi::suite(filter, failures);
     crate::image_thin::suite(filter, failures, &mut counts);
+    crate::image_admin::suite(filter, failures, &mut counts);
     let selected =
         |case: &BootCase| filter.is_none_or(|f| format!("image {}", case.name).contains(f));
     if !BOOT_CASES.iter().any(selected) {

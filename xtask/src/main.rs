@@ -16,6 +16,7 @@ mod demo;
 mod first_map;
 mod fuzz;
 mod image;
+mod image_admin;
 mod image_thin;
 mod initiator_rxe;
 mod initiator_suite;

@@ -76,6 +76,8 @@ macro_rules! log {
 }
 
 #[cfg(target_os = "none")]
+mod admin;
+#[cfg(target_os = "none")]
 mod clock;
 #[cfg(target_os = "none")]
 mod entry;

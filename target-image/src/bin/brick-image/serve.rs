@@ -990,9 +990,7 @@ pub fn serve(
     for volume in engine.manifest().volumes() {
         log!("serving {volume}");
     }
-    if let Some(admin) = engine.manifest().admin() {
-        log!("admin endpoint {admin} not served: the image has no admin plane (hosted brick-target only)");
-    }
+    let mut admin = crate::admin::Admin::open(engine.manifest(), clock.now());
     let target = engine.manifest().target();
     let started = clock.now();
     log!(
@@ -1018,7 +1016,11 @@ pub fn serve(
         let mut busy = false;
         for (index, nic) in nics.iter_mut().enumerate() {
             for _ in 0..RX_BURST {
-                match nic.receive(|frame| engine.receive(index, now, frame)) {
+                match nic.receive(|frame| {
+                    if !admin.take(index, frame) {
+                        engine.receive(index, now, frame);
+                    }
+                }) {
                     Ok(Some(())) => {
                         busy = true;
                         frames_since_stats += 1;
@@ -1044,6 +1046,7 @@ pub fn serve(
                 }
             },
         );
+        busy |= admin.poll(now, &engine, &mut nics);
         for nic in &mut nics {
             nic.flush();
         }
@@ -1064,7 +1067,11 @@ pub fn serve(
             continue;
         }
         let now = clock.now();
-        let due = engine.poll_at(now);
+        let due = engine
+            .poll_at(now)
+            .into_iter()
+            .chain(admin.poll_at(now))
+            .min();
         if due.is_some_and(|due| due <= now) || now.saturating_sub(last_busy) < SPIN_NS {
             continue;
         }

@@ -11,19 +11,23 @@ use std::net::{IpAddr, TcpListener, TcpStream};
 use std::time::Duration;
 
 use manifest::binary::{Admin, Manifest};
-use target_image::admin::{json_error, AdminAnswer, AdminClient, AdminRequest};
+use target_image::admin::{AdminClient, AdminRequest};
+use target_image::admin_http::{
+    parse_head, rendered, route, write_response_head, AdminVolumes, ErrorAnswer, Head, JSON_TYPE,
+};
 
-/// Longest request head read.
-const MAX_HEAD: usize = 8 << 10;
 /// How long a peer may take to send its request or read the answer.
 const PEER_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long the engine may take to render a snapshot.
 const ENGINE_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// A volume as the admin thread knows it: name and whether it is thin.
-struct VolumeName {
-    name: String,
-    thin: bool,
+/// The volumes as the admin thread knows them: name and whether thin.
+struct Volumes(Vec<(String, bool)>);
+
+impl AdminVolumes for Volumes {
+    fn admin_volume(&self, index: usize) -> Option<(&str, bool)> {
+        self.0.get(index).map(|(name, thin)| (name.as_str(), *thin))
+    }
 }
 
 /// Binds the admin endpoint and starts its thread.
@@ -33,13 +37,12 @@ struct VolumeName {
 pub fn start(admin: Admin, manifest: &Manifest<'_>, client: AdminClient) -> Result<(), String> {
     let listener = TcpListener::bind(admin.address)
         .map_err(|e| format!("admin endpoint {}: bind: {e}", admin.address))?;
-    let volumes: Vec<VolumeName> = manifest
-        .volumes()
-        .map(|v| VolumeName {
-            name: v.name.to_owned(),
-            thin: matches!(v.backing, manifest::binary::Backing::Thin { .. }),
-        })
-        .collect();
+    let volumes = Volumes(
+        (0..manifest.volume_count())
+            .filter_map(|index| manifest.admin_volume(index))
+            .map(|(name, thin)| (name.to_owned(), thin))
+            .collect(),
+    );
     eprintln!("brick-target: admin endpoint http://{admin}");
     std::thread::Builder::new()
         .name("brick-admin".into())
@@ -48,7 +51,7 @@ pub fn start(admin: Admin, manifest: &Manifest<'_>, client: AdminClient) -> Resu
     Ok(())
 }
 
-fn serve(listener: &TcpListener, admin: &Admin, volumes: &[VolumeName], client: &AdminClient) {
+fn serve(listener: &TcpListener, admin: &Admin, volumes: &Volumes, client: &AdminClient) {
     loop {
         let (stream, peer) = match listener.accept() {
             Ok(accepted) => accepted,
@@ -77,18 +80,21 @@ fn serve(listener: &TcpListener, admin: &Admin, volumes: &[VolumeName], client: 
 }
 
 /// Reads one request and writes its answer.
-fn answer(
-    mut stream: TcpStream,
-    volumes: &[VolumeName],
-    client: &AdminClient,
-) -> std::io::Result<()> {
+fn answer(mut stream: TcpStream, volumes: &Volumes, client: &AdminClient) -> std::io::Result<()> {
     stream.set_read_timeout(Some(PEER_TIMEOUT))?;
     stream.set_write_timeout(Some(PEER_TIMEOUT))?;
     let mut head = Vec::with_capacity(1024);
     let mut buf = [0u8; 1024];
-    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-        if head.len() > MAX_HEAD {
-            return respond(&mut stream, 431, "text/plain", b"request head over 8 KiB\n");
+    loop {
+        match parse_head(&head) {
+            Head::Incomplete => {}
+            Head::Request { method, target } => {
+                return match route(method, target, volumes) {
+                    Ok(request) => ask(&mut stream, request, client),
+                    Err(error) => respond_error(&mut stream, &error),
+                };
+            }
+            Head::Refused(error) => return respond_error(&mut stream, &error),
         }
         let n = stream.read(&mut buf)?;
         if n == 0 {
@@ -96,89 +102,30 @@ fn answer(
         }
         head.extend_from_slice(&buf[..n]);
     }
-    let line = head.split(|&b| b == b'\r').next().unwrap_or_default();
-    let line = String::from_utf8_lossy(line);
-    let mut parts = line.split(' ');
-    let (method, target) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
-    let (status, kind, body) = route(method, target, volumes, client);
-    respond(&mut stream, status, kind, &body)
 }
 
-/// The status, content type and body for one request.
-fn route(
-    method: &str,
-    target: &str,
-    volumes: &[VolumeName],
-    client: &AdminClient,
-) -> (u16, &'static str, Vec<u8>) {
-    const JSON: &str = "application/json";
-    const TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
-    let path = target.split('?').next().unwrap_or("");
-    if method != "GET" {
-        return (
-            405,
-            JSON,
-            json_error(&format!("method {method} not allowed: expected GET")).into_bytes(),
-        );
-    }
-    let request = if path == "/metrics" {
-        AdminRequest::Metrics
-    } else if let Some(name) = path
-        .strip_prefix("/volumes/")
-        .and_then(|p| p.strip_suffix("/extents"))
-    {
-        let Some(index) = volumes.iter().position(|v| v.name == name) else {
-            let known: Vec<&str> = volumes.iter().map(|v| v.name.as_str()).collect();
-            let message = format!("no volume {name:?} (volumes: {})", known.join(", "));
-            return (404, JSON, json_error(&message).into_bytes());
-        };
-        if !volumes[index].thin {
-            let message = format!("volume {name:?} is not thin: it has no extents");
-            return (422, JSON, json_error(&message).into_bytes());
-        }
-        AdminRequest::Extents(index)
-    } else {
-        let message = format!("no resource {path:?}: expected /metrics or /volumes/NAME/extents");
-        return (404, JSON, json_error(&message).into_bytes());
+/// Asks the engine for `request`'s snapshot and writes it (or the error
+/// that replaces it).
+fn ask(stream: &mut TcpStream, request: AdminRequest, client: &AdminClient) -> std::io::Result<()> {
+    let Some((answer, body)) = client.ask(request, ENGINE_TIMEOUT) else {
+        return respond_error(stream, &ErrorAnswer::timeout());
     };
-    let kind = if request == AdminRequest::Metrics {
-        TEXT
-    } else {
-        JSON
-    };
-    match client.ask(request, ENGINE_TIMEOUT) {
-        Some((AdminAnswer::Done, body)) => (200, kind, body),
-        Some((AdminAnswer::NotThin, body)) => (422, JSON, body),
-        Some((AdminAnswer::NoVolume, _)) => (404, JSON, json_error("no such volume").into_bytes()),
-        Some((AdminAnswer::Overflow, _)) => (
-            507,
-            JSON,
-            json_error("the snapshot does not fit the admin buffer").into_bytes(),
-        ),
-        None => (
-            503,
-            JSON,
-            json_error("the engine did not answer in time").into_bytes(),
-        ),
+    match rendered(request, answer) {
+        Ok((status, kind)) => respond(stream, status, kind, &body),
+        Err(error) => respond_error(stream, &error),
     }
+}
+
+fn respond_error(stream: &mut TcpStream, error: &ErrorAnswer<'_>) -> std::io::Result<()> {
+    let body = error.to_string();
+    respond(stream, error.status(), JSON_TYPE, body.as_bytes())
 }
 
 fn respond(stream: &mut TcpStream, status: u16, kind: &str, body: &[u8]) -> std::io::Result<()> {
-    let reason = match status {
-        200 => "OK",
-        404 => "Not Found",
-        405 => "Method Not Allowed",
-        422 => "Unprocessable Entity",
-        431 => "Request Header Fields Too Large",
-        503 => "Service Unavailable",
-        507 => "Insufficient Storage",
-        _ => "Error",
-    };
-    write!(
-        stream,
-        "HTTP/1.1 {status} {reason}\r\nContent-Type: {kind}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    )?;
+    let mut head = String::new();
+    write_response_head(&mut head, status, kind, body.len())
+        .map_err(|_| std::io::Error::other("formatting the response head"))?;
+    stream.write_all(head.as_bytes())?;
     stream.write_all(body)?;
     stream.flush()
 }
