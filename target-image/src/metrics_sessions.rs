@@ -227,6 +227,7 @@ impl<P: Port, D: BlockDevice<Chunk>> Engine<'_, P, D> {
             ("rtrs_takeover_refused", s.takeovers_refused),
             ("rtrs_half_open_refused", s.half_open_refused),
             ("rtrs_half_open_evicted", s.half_open_evicted),
+            ("rtrs_setup_rate_refused", s.setup_rate_refused),
             ("rnbd_access_denied", r.access_denied),
             ("rnbd_no_such_volume", r.no_such_volume),
             ("rnbd_read_only", r.read_only),
