@@ -156,6 +156,51 @@ impl<P: Port, D: BlockDevice<Chunk>> Engine<'_, P, D> {
                 }
             }
         }
+        self.write_path_retransmissions(out, &session_label)
+    }
+
+    /// `brick_path_retransmissions_total`: the packets the path's QPs
+    /// sent again, for paths on a device that counts them per connection
+    /// (the software HCA; a kernel HCA counts per port only, see
+    /// `brick_interface_retransmissions_total`).
+    fn write_path_retransmissions(
+        &self,
+        out: &mut dyn Write,
+        session_label: &dyn Fn(&mut dyn Write, &crate::sessions::SessionEntry) -> fmt::Result,
+    ) -> fmt::Result {
+        let server = &*self.server;
+        let name = "brick_path_retransmissions_total";
+        family(
+            out,
+            name,
+            "counter",
+            "Packets the path's connections sent again (go-back-N or selective).",
+        )?;
+        for entry in &self.sessions {
+            for (path, address) in &entry.paths {
+                let Some(port) = server.path_port(*path) else {
+                    continue;
+                };
+                let Some(hca) = self.hcas.get(port) else {
+                    continue;
+                };
+                let mut total = Some(0u64);
+                for conn in server.path_conns(*path) {
+                    total = total.zip(hca.retransmissions(conn)).map(|(a, b)| a + b);
+                }
+                let Some(total) = total else {
+                    continue;
+                };
+                write!(out, "{name}{{")?;
+                session_label(out, entry)?;
+                writeln!(
+                    out,
+                    ",path=\"{}\",interface=\"{}\",client=\"{address}\"}} {total}",
+                    path.index,
+                    Label(self.interface_name(port))
+                )?;
+            }
+        }
         Ok(())
     }
 

@@ -8,7 +8,7 @@ use core::fmt;
 use core::net::SocketAddrV4;
 
 use roce::hca::LinkMode;
-use verbs::{KeySource, Verbs};
+use verbs::{ConnId, KeySource, Verbs};
 
 use crate::engine::{EngineHca, Transmit};
 
@@ -41,6 +41,14 @@ pub trait Port: Verbs {
     fn for_each_counter(&self, f: &mut dyn FnMut(&'static str, &'static str, u64)) {
         let _ = f;
     }
+
+    /// Packets connection `conn`'s requester sent again, where the device
+    /// counts them per connection (`None`: it does not, or no such
+    /// connection; a kernel HCA counts per port only).
+    fn retransmissions(&self, conn: ConnId) -> Option<u64> {
+        let _ = conn;
+        None
+    }
 }
 
 impl<K: KeySource> Port for EngineHca<K> {
@@ -62,6 +70,10 @@ impl<K: KeySource> Port for EngineHca<K> {
 
     fn poll_at(&self, now: u64) -> Option<u64> {
         roce::hca::Hca::poll_at(self, now)
+    }
+
+    fn retransmissions(&self, conn: ConnId) -> Option<u64> {
+        self.qp(conn).map(roce::qp::Qp::retransmissions)
     }
 
     fn write_counters(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -291,3 +291,54 @@ fn extents_and_thin_gauges_come_through_the_admin_exchange() {
         .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Frames the engine sends while the client is cut off are lost: the
+/// path's QPs send them again, and `brick_path_retransmissions_total`
+/// counts exactly the interface's retransmissions (the only path).
+#[test]
+fn a_path_counts_the_packets_it_sent_again() {
+    with_world(MANIFEST, |world| {
+        let c = world.add_client(2, 16, 7);
+        world.connect(c, "s1", 1).expect("session up");
+        let device = world.open(c, 1, "vol0", AccessMode::ReadWrite).unwrap();
+        world.start_workload(c, device, 0, 8, &[4096, 8192]);
+        world.workload_progress(c, 50);
+        let metrics = |world: &mut World<'_>| {
+            let mut text = FixedText::with_capacity(1 << 20);
+            world.engine.write_metrics(&mut text, &|_| None).unwrap();
+            parse(core::str::from_utf8(text.as_bytes()).unwrap())
+        };
+        let path_total = |m: &HashMap<String, f64>| {
+            let series: Vec<_> = m
+                .iter()
+                .filter(|(k, _)| k.starts_with("brick_path_retransmissions_total{session=\"s1\""))
+                .collect();
+            assert_eq!(series.len(), 1, "one path: {series:?}");
+            *series[0].1
+        };
+        let interface = "brick_interface_retransmissions_total{interface=\"eth0\"}";
+        let before = metrics(world);
+        assert_eq!(path_total(&before), before[interface]);
+
+        // Cut the client off for a few steps while its IO is in flight.
+        for _ in 0..4 {
+            world.run_until("IO in flight", |w| w.workload_in_flight(c) > 0);
+            world.clients[c].alive = false;
+            world.step();
+            world.clients[c].alive = true;
+            world.workload_progress(c, 20);
+        }
+        world.stop_workload(c);
+        let workload = world.workload(c);
+        assert_eq!((workload.mismatches, workload.errors.len()), (0, 0));
+
+        let after = metrics(world);
+        assert!(
+            path_total(&after) > path_total(&before),
+            "no retransmission counted on the path: {} then {}",
+            path_total(&before),
+            path_total(&after)
+        );
+        assert_eq!(path_total(&after), after[interface]);
+    });
+}

@@ -623,6 +623,9 @@ pub struct Qp {
     last_nak: Option<Psn>,
     /// Non-final packets sent since the last AckReq.
     since_ack_req: u32,
+    /// Packets this QP's requester sent again (its share of
+    /// [`Counters::retransmissions`]).
+    retransmitted: u64,
 
     // Responder.
     rq: VecDeque<RecvWqe>,
@@ -723,6 +726,7 @@ impl Qp {
             rnr_until: None,
             last_nak: None,
             since_ack_req: 0,
+            retransmitted: 0,
             rq,
             epsn: Psn::new(0),
             ack_psn: Psn::new(0),
@@ -746,6 +750,12 @@ impl Qp {
     /// The connection id completions carry.
     pub fn conn(&self) -> ConnId {
         self.conn
+    }
+
+    /// Packets this QP's requester sent again (go-back-N after a NAK, RNR
+    /// or timeout, or a selective resend) since it was created.
+    pub fn retransmissions(&self) -> u64 {
+        self.retransmitted
     }
 
     /// Send and receive depths ([`Qp::with_depths`]): together, the CQ

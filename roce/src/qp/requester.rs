@@ -589,6 +589,7 @@ impl Qp {
             sent += 1;
             if retransmission {
                 ctx.counters.retransmissions += 1;
+                self.retransmitted += 1;
             } else if ack_req && self.timer.sample.is_none() {
                 self.timer.sample = Some(RttSample {
                     psn: self.tx_psn,

@@ -527,6 +527,7 @@ impl Qp {
                 break;
             }
             ctx.counters.retransmissions += 1;
+            self.retransmitted += 1;
             sent += 1;
             psn = psn.wrapping_add(1);
         }

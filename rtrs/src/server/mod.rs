@@ -462,6 +462,14 @@ impl<V: Verbs> Server<V> {
         self.path(path).map(|slot| slot.port)
     }
 
+    /// The connections of a live path (one per RTRS connection id that
+    /// is set up).
+    pub fn path_conns(&self, path: PathId) -> impl Iterator<Item = ConnId> + '_ {
+        self.path(path)
+            .into_iter()
+            .flat_map(|slot| slot.conns.iter().flatten().copied())
+    }
+
     /// Server-wide counters.
     pub fn stats(&self) -> ServerStats {
         self.stats
