@@ -181,6 +181,19 @@ sources = ["127.0.0.1"]
         self.log.lock().unwrap().clone()
     }
 
+    /// Whether the target's log shows `needle` within 10 s (the log comes
+    /// through a reader thread, so a line can follow what caused it).
+    fn log_shows(&self, needle: &str) -> bool {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !self.log().contains(needle) {
+            if Instant::now() > deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        true
+    }
+
     fn connect_args(&self, session: &str, volume: &str) -> Vec<String> {
         let link = format!("udp:127.0.0.2:{}", self.udp);
         [
@@ -341,9 +354,7 @@ fn metrics_follow_brick_io_and_other_sources_are_refused() {
     let m = scrape(&target.admin);
     assert_eq!(m["brick_admin_connections_refused_total"], 1.0);
     assert!(
-        target
-            .log()
-            .contains("admin: refused a connection from 127.0.0.2"),
+        target.log_shows("admin: refused a connection from 127.0.0.2"),
         "{}",
         target.log()
     );

@@ -227,6 +227,20 @@ impl Target {
         self.log.lock().unwrap().clone()
     }
 
+    /// Whether the target's log shows `needle` within 10 s (the log comes
+    /// through a reader thread, and the target notices a client's exit
+    /// after the client has gone).
+    fn log_shows(&self, needle: &str) -> bool {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !self.log().contains(needle) {
+            if Instant::now() > deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        true
+    }
+
     /// The connection options for session `session`, volume `volume`.
     fn connect_args(&self, session: &str, volume: &str) -> Vec<String> {
         [
@@ -409,7 +423,7 @@ fn io_verify_4k_and_1m() {
     )
     .expect_success("4M in 2M pieces");
     assert!(
-        target.log().contains("session \"host1\" closed"),
+        target.log_shows("session \"host1\" closed"),
         "{}",
         target.log()
     );
