@@ -29,11 +29,17 @@ fn by_kind(memory: &Memory) -> String {
         format_size(memory.cq),
         format_size(memory.tables)
     );
+    if memory.reorder > 0 {
+        line += &format!(", reorder buffers {}", format_size(memory.reorder));
+    }
     if memory.requests > 0 {
         line += &format!(", requests {}", format_size(memory.requests));
     }
     if memory.thin > 0 {
         line += &format!(", thin maps {}", format_size(memory.thin));
+    }
+    if memory.admin > 0 {
+        line += &format!(", admin {}", format_size(memory.admin));
     }
     line
 }

@@ -28,6 +28,10 @@
 //! - **CQ.** Every QP's send plus receive depth: it cannot overflow.
 //! - **CM connections.** Twice the QPs plus [`SPARE_CM_CONNECTIONS`]: a
 //!   connection stays in timewait after its QP is gone.
+//! - **Reorder buffers and admin.** Each interface's HCA holds a pool of
+//!   reorder buffers for selective retransmission
+//!   ([`sizes::REORDER_POOL`]); an `[admin]` endpoint holds its snapshot
+//!   buffer ([`admin_snapshot_bytes`]) and its sockets.
 //!
 //! Byte counts use the per-item sizes of [`sizes`], upper bounds of the
 //! engine's types (target-image pins them).
@@ -94,6 +98,32 @@ pub mod sizes {
     pub const THIN_POOL: u64 = (1 << 20) + (80 << 10);
     /// A thin volume's request slots and completion queue.
     pub const THIN_VOLUME: u64 = 32 << 10;
+    /// One HCA's reorder buffers for selective retransmission: 8 of 128
+    /// KiB, each with its 128 packet headers (of at most 256 bytes).
+    pub const REORDER_POOL: u64 = 8 * ((128 << 10) + 128 * 256);
+    /// The admin endpoint besides its snapshot buffer: on the image, its
+    /// TCP sockets' buffers, frame rings and request heads.
+    pub const ADMIN_ENDPOINT: u64 = 512 << 10;
+}
+
+/// The admin endpoint's snapshot buffer: room for every metric with every
+/// session (open and draining) and path, and for long extent lists.
+pub fn admin_snapshot_bytes(limits: &Limits, volumes: usize) -> u64 {
+    let sessions = u64::from(limits.max_sessions) * 2;
+    let paths = u64::from(limits.max_paths_per_session).min(8);
+    (1u64 << 20)
+        .saturating_add((volumes as u64).saturating_mul(8 << 10))
+        .saturating_add(sessions.saturating_mul((4 << 10) + paths * (2 << 10)))
+}
+
+/// What the admin endpoint of `manifest` takes (0 without `[admin]`): its
+/// snapshot buffer and [`sizes::ADMIN_ENDPOINT`].
+pub fn admin_bytes(manifest: &Manifest<'_>) -> u64 {
+    if manifest.admin().is_none() {
+        return 0;
+    }
+    admin_snapshot_bytes(&manifest.limits(), manifest.volume_count())
+        .saturating_add(sizes::ADMIN_ENDPOINT)
 }
 
 /// The thin volumes' tables of `manifest`: each volume's map (per virtual
@@ -160,6 +190,9 @@ pub struct Capacity {
     /// Bytes of thin volume maps and pool tables ([`thin_bytes`]; 0 from
     /// [`Capacity::for_limits`]).
     pub thin_bytes: u64,
+    /// Bytes of the admin endpoint ([`admin_bytes`]; 0 from
+    /// [`Capacity::for_limits`]).
+    pub admin_bytes: u64,
 }
 
 /// Bytes a [`Capacity`] needs, by kind.
@@ -173,10 +206,15 @@ pub struct Memory {
     pub cq: u64,
     /// Memory-region tables and CM connection slots.
     pub tables: u64,
+    /// Reorder buffers for selective retransmission
+    /// ([`sizes::REORDER_POOL`] per interface).
+    pub reorder: u64,
     /// The engine's request tables (pending and parked requests).
     pub requests: u64,
     /// Thin volumes' maps and pools' tables ([`thin_bytes`]).
     pub thin: u64,
+    /// The admin endpoint ([`admin_bytes`]).
+    pub admin: u64,
 }
 
 impl Memory {
@@ -186,8 +224,10 @@ impl Memory {
             .saturating_add(self.qps)
             .saturating_add(self.cq)
             .saturating_add(self.tables)
+            .saturating_add(self.reorder)
             .saturating_add(self.requests)
             .saturating_add(self.thin)
+            .saturating_add(self.admin)
     }
 }
 
@@ -225,7 +265,8 @@ impl core::fmt::Display for ImageFitError {
         write!(
             f,
             "the image needs {} MiB (engine {} MiB: chunks {} MiB, QPs {} MiB, CQs {} MiB, \
-             tables {} MiB, requests {} MiB, thin maps {} MiB; RAM volumes {} MiB; boot heap, rings and stack {} MiB), \
+             tables {} MiB, reorder buffers {} MiB, requests {} MiB, thin maps {} MiB, admin {} MiB; \
+             RAM volumes {} MiB; boot heap, rings and stack {} MiB), \
              it can use at most {} MiB below 4 GiB: lower [limits] max_sessions / queue_depth / \
              chunk_size / max_connections_per_path or the RAM volumes",
             mib(need),
@@ -234,8 +275,10 @@ impl core::fmt::Display for ImageFitError {
             mib(self.memory.qps),
             mib(self.memory.cq),
             mib(self.memory.tables),
+            mib(self.memory.reorder),
             mib(self.memory.requests),
             mib(self.memory.thin),
+            mib(self.memory.admin),
             mib(self.ram_volumes),
             mib(self.fixed),
             mib(self.limit)
@@ -252,6 +295,7 @@ impl Capacity {
     pub fn of(manifest: &Manifest<'_>) -> Capacity {
         Capacity {
             thin_bytes: thin_bytes(manifest),
+            admin_bytes: admin_bytes(manifest),
             ..Self::for_limits(
                 &manifest.limits(),
                 manifest.interface_count(),
@@ -293,6 +337,7 @@ impl Capacity {
                 + POOL_CONTROL_BYTES,
             requests: path_pools * queue_depth * interfaces,
             thin_bytes: 0,
+            admin_bytes: 0,
         }
     }
 
@@ -316,8 +361,10 @@ impl Capacity {
             tables: cm
                 .saturating_mul(sizes::CM_SLOT)
                 .saturating_add(regions.saturating_mul(sizes::REGION)),
+            reorder: 0,
             requests: 0,
             thin: 0,
+            admin: 0,
         }
     }
 
@@ -331,10 +378,12 @@ impl Capacity {
             qps: hca.qps.saturating_mul(n),
             cq: hca.cq.saturating_mul(n),
             tables: hca.tables.saturating_mul(n),
+            reorder: sizes::REORDER_POOL.saturating_mul(n),
             requests: self
                 .requests
                 .saturating_mul(sizes::REQUEST + self.volumes * sizes::PARKED),
             thin: self.thin_bytes,
+            admin: self.admin_bytes,
         }
     }
 

@@ -50,12 +50,12 @@ pub struct AdminCounters {
 }
 
 /// Bytes of the snapshot buffer for `manifest`: room for every metric
-/// with every session and path open, and for long extent lists.
+/// with every session and path open, and for long extent lists (counted
+/// by `brick manifest check`: [`manifest::capacity::admin_snapshot_bytes`]).
 pub fn snapshot_capacity(manifest: &Manifest<'_>) -> usize {
-    let limits = manifest.limits();
-    let sessions = usize::try_from(limits.max_sessions).unwrap_or(usize::MAX) * 2;
-    let paths = usize::from(limits.max_paths_per_session).min(8);
-    (1 << 20) + manifest.volume_count() * (8 << 10) + sessions * ((4 << 10) + paths * (2 << 10))
+    let bytes =
+        manifest::capacity::admin_snapshot_bytes(&manifest.limits(), manifest.volume_count());
+    usize::try_from(bytes).unwrap_or(usize::MAX)
 }
 
 /// A thin volume's gauges.

@@ -120,6 +120,16 @@ pub struct AdminTcp {
     counters: AdminCounters,
 }
 
+/// Bytes [`AdminTcp::new`] allocates besides the snapshot, on an
+/// interface of `mtu`: the sockets' buffers, the request heads and the two
+/// frame rings (counted by `brick manifest check` as
+/// `manifest::capacity::sizes::ADMIN_ENDPOINT`, a bound for every MTU).
+pub const fn fixed_bytes(mtu: u16) -> usize {
+    MAX_CONNECTIONS * (SOCKET_RX_BYTES + SOCKET_TX_BYTES + admin_http::MAX_HEAD + SOCKET_RX_BYTES)
+        + 2 * FRAME_SLOTS * (ETH_HEADER + mtu as usize)
+        + RESPONSE_HEAD_BYTES
+}
+
 impl AdminTcp {
     /// The endpoint for `manifest`'s `[admin]` section, if it has one:
     /// on the interface whose address is the admin address. `seed` seeds

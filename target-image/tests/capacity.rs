@@ -167,8 +167,34 @@ fn manifest_memory_counts_bound_the_hca_tables() {
         (real.cm + real.regions) as u64 <= counted.tables,
         "{real:?} {counted:?}"
     );
+    assert!(
+        real.reorder as u64 * counts.interfaces <= counted.reorder,
+        "{real:?} {counted:?}"
+    );
     assert_eq!(
         target_image::arena_bytes(&config) as u64,
         counts.arena_bytes()
     );
+}
+
+/// The admin endpoint's count: its snapshot buffer and its sockets and
+/// rings, at the largest MTU a manifest may name.
+#[test]
+fn manifest_memory_counts_the_admin_endpoint() {
+    let with_admin = format!(
+        "{MANIFEST}\n[admin]\naddress = \"10.77.0.1:9100\"\nsources = [\"10.77.0.0/24\"]\n"
+    );
+    let blob = manifest::build(&with_admin, "admin.toml").unwrap();
+    let manifest = manifest::binary::Manifest::parse(&blob).unwrap();
+    let counted = manifest::Capacity::of(&manifest).memory().admin;
+    let snapshot = target_image::admin::snapshot_capacity(&manifest) as u64;
+    let endpoint = target_image::admin_tcp::fixed_bytes(9000) as u64;
+    assert!(snapshot > 0 && endpoint > 0);
+    assert!(
+        snapshot + endpoint <= counted,
+        "snapshot {snapshot} + endpoint {endpoint} > counted {counted}"
+    );
+    let blob = manifest::build(MANIFEST, "capacity.toml").unwrap();
+    let without = manifest::binary::Manifest::parse(&blob).unwrap();
+    assert_eq!(manifest::Capacity::of(&without).memory().admin, 0);
 }

@@ -1221,6 +1221,6 @@ mod tests {
         let path = crate::paths::repo().join("examples/two-ram-volumes.toml");
         let config = manifest::compile_file(&path).unwrap();
         let blob = config.to_binary().unwrap();
-        assert_eq!(guest_mib(&blob), 6606);
+        assert_eq!(guest_mib(&blob), 6607);
     }
 }
