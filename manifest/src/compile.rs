@@ -438,10 +438,10 @@ impl Compiler<'_> {
         if let Some(v) = &raw.queue_depth {
             limits.queue_depth = self.integer(v, "limits.queue_depth", bounds::QUEUE_DEPTH)?;
         }
-        if let Some(v) = &raw.max_half_open {
-            limits.max_half_open =
-                self.integer(v, "limits.max_half_open", bounds::MAX_HALF_OPEN)?;
-        }
+        limits.max_half_open = match &raw.max_half_open {
+            Some(v) => self.integer(v, "limits.max_half_open", bounds::MAX_HALF_OPEN)?,
+            None => Limits::default_half_open(limits.max_sessions),
+        };
         if let Some(v) = &raw.max_half_open_per_source {
             limits.max_half_open_per_source = self.integer(
                 v,

@@ -77,7 +77,8 @@
 //! max_connections_per_path = 65   # 2..=1025 (a Linux client opens CPUs + 1)
 //! queue_depth = 512               # 1..=512
 //! chunk_size = "132KiB"           # multiple of 4 KiB, 8 KiB..=516 KiB; see below
-//! max_half_open = 16              # 1..=65535 paths in setup at once (format 3)
+//! max_half_open = 16              # 1..=65535 paths in setup at once (format 3; default
+//!                                 # max_sessions / 8, 16..=256)
 //! max_half_open_per_source = 4    # 1..=max_half_open from one address (format 3)
 //! setup_timeout_ms = 5000         # 100..=600000: CON_REQ to INFO_RSP (format 3)
 //!

@@ -387,6 +387,22 @@ pub struct Limits {
     pub setup_timeout_ms: u32,
 }
 
+impl Limits {
+    /// `max_half_open` when the manifest does not name it: one path in
+    /// setup per eight sessions, 16 to 256, so a rack that boots at once
+    /// is not turned away (ENOMEM, retry) sixteen at a time.
+    pub const fn default_half_open(max_sessions: u32) -> u32 {
+        let share = max_sessions / 8;
+        if share < 16 {
+            16
+        } else if share > 256 {
+            256
+        } else {
+            share
+        }
+    }
+}
+
 impl Default for Limits {
     fn default() -> Self {
         Limits {

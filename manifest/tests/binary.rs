@@ -644,6 +644,24 @@ fn test_views_display() {
     );
 }
 
+/// Without `max_half_open` the compiler sizes it from `max_sessions` (one
+/// in eight, 16 to 256); a named value is kept as it is.
+#[test]
+fn test_half_open_default_follows_max_sessions() {
+    let half_open = |limits: &str| {
+        let text = format!("[target]\nname = \"t\"\n\n[limits]\n{limits}\n\n[[interfaces]]\nname = \"eth0\"\nmac = \"52:54:00:77:00:01\"\naddress = \"10.77.0.1/24\"\n\n[[volumes]]\nname = \"v\"\nkind = \"ram\"\nsize = \"1MiB\"\n\n[[access]]\nsessions = \"*\"\nvolumes = \"*\"\nmode = \"rw\"\n");
+        let blob = manifest::build(&text, "t.toml").unwrap();
+        Manifest::parse(&blob).unwrap().limits().max_half_open
+    };
+    assert_eq!(half_open("max_sessions = 16"), 16);
+    assert_eq!(half_open("max_sessions = 200"), 25);
+    assert_eq!(half_open("max_sessions = 1000"), 125);
+    assert_eq!(half_open("max_sessions = 1000\nmax_half_open = 10"), 10);
+    assert_eq!(Limits::default_half_open(1024), 128);
+    assert_eq!(Limits::default_half_open(u32::MAX), 256);
+    assert_eq!(Limits::default_half_open(0), 16);
+}
+
 /// Format 3's limits record carries the half-open limits and the setup
 /// timeout; a format 2 blob (16-byte limits record) still reads, with
 /// their defaults.

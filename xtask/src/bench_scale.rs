@@ -155,18 +155,15 @@ pub fn run(args: BenchScaleArgs) -> Result<()> {
 }
 
 /// The manifest for `sessions` sessions with `connections` connections
-/// each and a volume `v<i>` per session. Sized for a rack that connects at
-/// once: paths in setup at once (`max_half_open`) one per eight sessions,
-/// 16 to 256 (a path in setup holds only its connections' QPs).
+/// each and a volume `v<i>` per session (`max_half_open` at its default,
+/// which follows `max_sessions`).
 fn manifest(sessions: u32, qd: u16, connections: u16, volume_kib: u64) -> String {
-    let half_open = (sessions / 8).clamp(16, 256);
     let mut text = format!(
         "# bench-scale: {sessions} sessions\n\
          [target]\nname = \"bench-scale\"\n\n\
          [[interfaces]]\nname = \"lo\"\nmac = \"52:54:00:7f:00:01\"\naddress = \"127.0.0.1/8\"\n\n\
          [limits]\nmax_sessions = {sessions}\nmax_paths_per_session = 1\n\
-         max_connections_per_path = {connections}\nqueue_depth = {qd}\nchunk_size = \"{}KiB\"\n\
-         max_half_open = {half_open}\n\n",
+         max_connections_per_path = {connections}\nqueue_depth = {qd}\nchunk_size = \"{}KiB\"\n\n",
         CHUNK_BYTES / 1024
     );
     for v in 0..sessions {
