@@ -1142,6 +1142,10 @@ where
         self.arena.rekey(lkey, &mut self.keys)
     }
 
+    fn revoke_remote(&mut self, rkey: Rkey) -> Result<(), RegError> {
+        self.arena.invalidate(rkey)
+    }
+
     fn dereg_mr(&mut self, lkey: Lkey) -> Result<(), RegError> {
         self.arena.deregister(lkey)
     }

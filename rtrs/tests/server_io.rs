@@ -206,6 +206,45 @@ fn read_without_new_rkey_uses_write_with_imm() {
     assert_eq!(h.mock().rekeys, 0);
 }
 
+/// A provider that revokes an rkey at once (the software HCA) gets no
+/// LOCAL_INV: the request is parsed in the same poll, with the client's
+/// access already gone, and the answer carries a fresh rkey as before.
+#[test]
+fn a_provider_that_revokes_at_once_needs_no_local_inv() {
+    let mut h = Harness::new(small_config());
+    h.mock().revoke_now = true;
+    let path = open(&mut h);
+    let old_rkey = path.chunks[3].rkey;
+    let from = h.mock().sends.len();
+    path.write(&mut h, 1, 3, &[0xCD; 32], &[7; 512]);
+    h.settle();
+    let event = h
+        .drain_events()
+        .into_iter()
+        .find(|e| matches!(e, Event::Io { .. }))
+        .expect("parsed without a send completing");
+    assert_eq!(h.mock().revokes, 1);
+    assert!(
+        !h.mock()
+            .sends_since(from)
+            .iter()
+            .any(|(_, wr)| matches!(wr.op, SendOp::LocalInv { .. })),
+        "no LOCAL_INV posted"
+    );
+    assert!(h
+        .mock()
+        .remote_write(old_rkey, path.chunks[3].addr, &[0])
+        .is_err());
+    let from = h.mock().sends.len();
+    complete_ok(&mut h, token(&event));
+    let sends = h.mock().sends_since(from);
+    let rkey_rsp = RkeyRsp::parse(&h.mock().gather(&sends[0].1)).unwrap();
+    assert_ne!(rkey_rsp.rkey, old_rkey);
+    h.mock()
+        .remote_write(rkey_rsp.rkey, path.chunks[3].addr, &[1])
+        .unwrap();
+}
+
 #[test]
 fn error_answer_to_read_still_invalidates() {
     let mut h = Harness::new(small_config());

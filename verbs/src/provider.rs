@@ -60,6 +60,23 @@ pub trait Verbs: Memory {
     /// [`RegError::InvalidKey`].
     fn rekey(&mut self, lkey: Lkey) -> Result<Rkey, RegError>;
 
+    /// Revokes remote access through `rkey` now, outside the send queue:
+    /// what a signalled LOCAL_INV work request does, without the work
+    /// request and its completion. Revoking is always safe (posted work
+    /// requests use the lkey), so it need not wait behind the queue. A
+    /// provider that can invalidate only through the send queue (a
+    /// hardware HCA) answers [`RegError::Unsupported`] (the default): the
+    /// caller then posts the LOCAL_INV.
+    ///
+    /// # Errors
+    ///
+    /// [`RegError::InvalidKey`] if `rkey` is not a currently valid rkey;
+    /// [`RegError::Unsupported`].
+    fn revoke_remote(&mut self, rkey: Rkey) -> Result<(), RegError> {
+        let _ = rkey;
+        Err(RegError::Unsupported)
+    }
+
     /// Deregisters a region (`ibv_dereg_mr`); the buffer stays allocated.
     ///
     /// # Errors

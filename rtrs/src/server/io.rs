@@ -1,7 +1,7 @@
 //! The IO path (rtrs.md §4): IO_REQ immediates, LOCAL_INV, request parsing
 //! with the checks of rnbd.md §8.2, and the response chains of §4.6.
 
-use verbs::{PostError, RecvWr, Rkey, SendOp, SendWr, Sgl, Verbs, WorkCompletion};
+use verbs::{PostError, RecvWr, RegError, Rkey, SendOp, SendWr, Sgl, Verbs, WorkCompletion};
 
 use super::table::{ReadInfo, Response};
 use super::{
@@ -64,11 +64,23 @@ impl<V: Verbs> Lent<'_, V> {
             return;
         }
         slot.generation = slot.generation.wrapping_add(1);
-        if self.server.config.always_invalidate {
-            slot.state = IoState::WaitingForSendQueueToInvalidate { cid, offset };
-            self.try_invalidate(path, chunk, now);
-        } else {
+        if !self.server.config.always_invalidate {
             self.parse_request(path, chunk, cid, offset, now);
+            return;
+        }
+        // Revoke the client's access to the chunk before reading it: at
+        // once where the provider can, else by a LOCAL_INV on the path's
+        // send queue (parsed when it completes).
+        let rkey = slot.region.rkey;
+        let port = self.port_of(path);
+        match self.ports[port].revoke_remote(rkey) {
+            Ok(()) => self.parse_request(path, chunk, cid, offset, now),
+            Err(RegError::Unsupported) => {
+                self.server.paths[index].chunks[usize::from(chunk)].state =
+                    IoState::WaitingForSendQueueToInvalidate { cid, offset };
+                self.try_invalidate(path, chunk, now);
+            }
+            Err(_) => self.begin_close(path, CloseReason::PostFailed, now),
         }
     }
 

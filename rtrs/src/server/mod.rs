@@ -124,6 +124,7 @@
 //! ```text
 //!  Idle ──IO_REQ imm──► [always_invalidate] WaitingForInvalidate ──LOCAL_INV done──┐
 //!    ▲          │        (or WaitingForSendQueueToInvalidate while the SQ is full) │
+//!    │          ├── [always_invalidate, provider revokes at once] ─────────────────┤
 //!    │          └──────────────── (no invalidate) ─────────────────────────────────┤
 //!    │                                          parse the request in the chunk     ▼
 //!    │        malformed (usr_len, sg_cnt, desc.len) ───────────────┐    WaitingForConsumer
@@ -169,6 +170,11 @@
 //!   session and path limits are checked again, with the pool, at
 //!   INFO_REQ.
 //! * Every path registers chunk memory of its own (rtrs.md §7).
+//! * With `always_invalidate`, a chunk's rkey is revoked when its request
+//!   arrives through [`Verbs::revoke_remote`] where the provider can (the
+//!   software HCA), so the request is parsed at once; Linux posts a
+//!   signalled LOCAL_INV and waits for its completion (rtrs.md §4.9), as
+//!   Brick does on a provider that cannot. Nothing of it is on the wire.
 //!
 //! A second path with the same (local, remote) IP address pair is refused
 //! with EEXIST (rtrs.md §2.4 step 5); the RDMA CM port numbers are ignored,

@@ -470,6 +470,12 @@ impl Verbs for LoopVerbs {
         side.arena.rekey(lkey, &mut side.keys)
     }
 
+    fn revoke_remote(&mut self, rkey: Rkey) -> Result<(), RegError> {
+        let _fabric = InProvider::enter();
+        let mut inner = self.fabric.borrow_mut();
+        inner.sides[self.side].arena.invalidate(rkey)
+    }
+
     fn dereg_mr(&mut self, lkey: Lkey) -> Result<(), RegError> {
         let _fabric = InProvider::enter();
         self.fabric.borrow_mut().sides[self.side]

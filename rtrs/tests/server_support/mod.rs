@@ -62,6 +62,12 @@ pub struct MockVerbs {
     /// Connections accepted and not disconnected.
     pub connected: HashSet<ConnId>,
     pub rekeys: usize,
+    /// Revoke rkeys at once ([`Verbs::revoke_remote`], as the software
+    /// HCA does); off, the mock is a provider that invalidates only
+    /// through the send queue.
+    pub revoke_now: bool,
+    /// Rkeys revoked at once.
+    pub revokes: usize,
 }
 
 impl MockVerbs {
@@ -83,6 +89,8 @@ impl MockVerbs {
             live: HashSet::new(),
             connected: HashSet::new(),
             rekeys: 0,
+            revoke_now: false,
+            revokes: 0,
         }
     }
 
@@ -222,6 +230,15 @@ impl Verbs for MockVerbs {
         let _mock = InProvider::enter();
         self.rekeys += 1;
         self.arena.rekey(lkey, &mut self.keys)
+    }
+
+    fn revoke_remote(&mut self, rkey: Rkey) -> Result<(), RegError> {
+        let _mock = InProvider::enter();
+        if !self.revoke_now {
+            return Err(RegError::Unsupported);
+        }
+        self.revokes += 1;
+        self.arena.invalidate(rkey)
     }
 
     fn dereg_mr(&mut self, lkey: Lkey) -> Result<(), RegError> {
