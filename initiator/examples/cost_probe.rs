@@ -31,7 +31,6 @@
 //! `cost-probe: ... measured_ios=IOS allocations=A` where `A` counts the
 //! allocator calls the target made during the measured IOs.
 
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::collections::VecDeque;
 use std::net::SocketAddr;
@@ -42,10 +41,6 @@ use manifest::binary::Manifest;
 use roce::hca::{Hca, HcaConfig};
 use target_image::{Engine, HcaEngine};
 use verbs::KeySource;
-
-/// Counts allocator calls (alloc, realloc) made while [`COUNTING`] and
-/// [`IN_TARGET`] are raised on the calling thread.
-struct Counting;
 
 static TARGET_ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
 
@@ -65,29 +60,10 @@ fn note() {
     }
 }
 
-// SAFETY: every call is forwarded unchanged to the system allocator, which
-// upholds the `GlobalAlloc` contract; counting touches no allocated memory.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        note();
-        // SAFETY: the caller's obligations for `layout` are passed through.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: `ptr` came from `System.alloc` with this `layout`.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        note();
-        // SAFETY: forwarded as is; `ptr` came from `System` with `layout`.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
+/// Counts allocator calls (alloc, realloc) made while [`COUNTING`] and
+/// [`IN_TARGET`] are raised on the calling thread (`note`).
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: alloc_counter::Counting = alloc_counter::Counting::new(note);
 
 /// The limits of the manifests the judge boots the image with
 /// (xtask/src/image.rs `image_limits!`): what `bench-vm` measured.

@@ -6,15 +6,10 @@
 
 mod common;
 
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use common::{config, counted, pattern, run, World, COUNTING, SECOND};
 use initiator::AccessMode;
-
-/// Counts allocations made while [`COUNTING`] is raised on the allocating
-/// thread.
-struct Counting;
 
 static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
 
@@ -24,29 +19,10 @@ fn note() {
     }
 }
 
-// SAFETY: every call is forwarded unchanged to the system allocator, which
-// upholds the `GlobalAlloc` contract; counting touches no allocated memory.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        note();
-        // SAFETY: the caller's obligations for `layout` are passed through.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: `ptr` came from `System.alloc` with this `layout`.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        note();
-        // SAFETY: forwarded as is; `ptr` came from `System` with `layout`.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
+/// Counts allocations made while [`COUNTING`] is raised on the allocating
+/// thread (`note`).
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: alloc_counter::Counting = alloc_counter::Counting::new(note);
 
 const MANIFEST: &str = r#"
 [target]

@@ -10,7 +10,6 @@
 
 mod common;
 
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 
 use common::{pattern, with_world, Fabric, World, SECOND};
@@ -21,29 +20,6 @@ thread_local! {
     static ARMED: Cell<bool> = const { Cell::new(false) };
     static ALL: Cell<u64> = const { Cell::new(0) };
     static ENGINE: Cell<u64> = const { Cell::new(0) };
-}
-
-struct Counting;
-
-// SAFETY: delegates to `System`, only adding thread-local bookkeeping that
-// does not allocate (const-initialised `Cell`s).
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        note();
-        // SAFETY: same contract as the caller's.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: same contract as the caller's.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        note();
-        // SAFETY: same contract as the caller's.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
 }
 
 fn note() {
@@ -61,7 +37,7 @@ fn note() {
 }
 
 #[global_allocator]
-static ALLOCATOR: Counting = Counting;
+static ALLOCATOR: alloc_counter::Counting = alloc_counter::Counting::new(note);
 
 /// Runs `f` with allocations counted: (all on this thread, the engine's).
 fn counted<R>(f: impl FnOnce() -> R) -> (R, u64, u64) {

@@ -8,7 +8,6 @@
 //! Its own binary without the libtest harness (`harness = false`), so no
 //! harness thread allocates while the counter is armed.
 
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use hal::block::ram::RamDisk;
@@ -18,35 +17,6 @@ use thin::{Pool, PoolBuf, PoolConfig, ThinVolume};
 static ARMED: AtomicBool = AtomicBool::new(false);
 static COUNT: AtomicU64 = AtomicU64::new(0);
 
-struct Counting;
-
-// SAFETY: delegates to `System`, only adding atomic counters that do not
-// allocate.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        note();
-        // SAFETY: same contract as the caller's.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        note();
-        // SAFETY: same contract as the caller's.
-        unsafe { System.alloc_zeroed(layout) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: same contract as the caller's.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        note();
-        // SAFETY: same contract as the caller's.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
 fn note() {
     if ARMED.load(Ordering::Relaxed) {
         COUNT.fetch_add(1, Ordering::Relaxed);
@@ -54,7 +24,7 @@ fn note() {
 }
 
 #[global_allocator]
-static ALLOCATOR: Counting = Counting;
+static ALLOCATOR: alloc_counter::Counting = alloc_counter::Counting::new(note);
 
 const EXTENT: u64 = 2 << 20;
 const VOLUME: u64 = 16 * EXTENT;

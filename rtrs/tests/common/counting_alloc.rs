@@ -16,34 +16,6 @@ macro_rules! counting_allocator {
             static COUNT: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
         }
 
-        struct Counting;
-
-        // SAFETY: delegates to `System`, only adding thread-local bookkeeping
-        // that does not allocate.
-        unsafe impl std::alloc::GlobalAlloc for Counting {
-            unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
-                note();
-                // SAFETY: same contract as the caller's.
-                unsafe { std::alloc::System.alloc(layout) }
-            }
-
-            unsafe fn dealloc(&self, ptr: *mut u8, layout: std::alloc::Layout) {
-                // SAFETY: same contract as the caller's.
-                unsafe { std::alloc::System.dealloc(ptr, layout) }
-            }
-
-            unsafe fn realloc(
-                &self,
-                ptr: *mut u8,
-                layout: std::alloc::Layout,
-                new_size: usize,
-            ) -> *mut u8 {
-                note();
-                // SAFETY: same contract as the caller's.
-                unsafe { std::alloc::System.realloc(ptr, layout, new_size) }
-            }
-        }
-
         fn note() {
             let _ = ARMED.try_with(|armed| {
                 if armed.get() && $excluded.try_with(std::cell::Cell::get).unwrap_or(1) == 0 {
@@ -53,7 +25,7 @@ macro_rules! counting_allocator {
         }
 
         #[global_allocator]
-        static ALLOCATOR: Counting = Counting;
+        static ALLOCATOR: alloc_counter::Counting = alloc_counter::Counting::new(note);
 
         /// Runs `f` with allocations counted.
         fn armed<R>(f: impl FnOnce() -> R) -> R {
