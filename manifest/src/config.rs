@@ -1,6 +1,6 @@
 //! The owned, typed manifest (std): what the TOML compiler produces.
 //!
-//! A [`Config`] from [`crate::compile`] has passed every rule; one built by
+//! A [`Config`] from [`crate::compile()`] has passed every rule; one built by
 //! hand is checked when encoded ([`Config::to_binary`]). [`Config::from_manifest`]
 //! turns a checked binary [`Manifest`] back into a `Config`, which is how the
 //! round-trip tests compare the two forms, and `Display` prints the config
