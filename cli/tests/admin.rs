@@ -7,12 +7,15 @@
 //! `brick-target` comes from `BRICK_TARGET` or is built next to `brick`
 //! (as in `cli.rs`). Only loopback carries traffic.
 
+mod common;
+
+use common::ChildLog;
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddrV4, TcpListener, TcpStream, UdpSocket};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 const PROMETHEUS: &str = "/usr/bin/prometheus";
@@ -84,7 +87,7 @@ struct Target {
     child: Child,
     udp: u16,
     admin: String,
-    log: Arc<Mutex<String>>,
+    log: ChildLog,
     dir: PathBuf,
 }
 
@@ -148,16 +151,7 @@ sources = ["127.0.0.1"]
             .stderr(Stdio::piped())
             .spawn()
             .expect("brick-target starts");
-        let stderr = child.stderr.take().unwrap();
-        let log = Arc::new(Mutex::new(String::new()));
-        let sink = Arc::clone(&log);
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                let mut log = sink.lock().unwrap();
-                log.push_str(&line);
-                log.push('\n');
-            }
-        });
+        let log = ChildLog::collect(child.stderr.take().unwrap());
         let target = Self {
             child,
             udp,
@@ -165,33 +159,23 @@ sources = ["127.0.0.1"]
             log,
             dir,
         };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !target.log().contains("admin endpoint http://") {
-            assert!(
-                Instant::now() < deadline,
-                "no admin endpoint; log:\n{}",
-                target.log()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        assert!(
+            target
+                .log
+                .shows("admin endpoint http://", Duration::from_secs(30)),
+            "no admin endpoint; log:\n{}",
+            target.log()
+        );
         target
     }
 
     fn log(&self) -> String {
-        self.log.lock().unwrap().clone()
+        self.log.text()
     }
 
-    /// Whether the target's log shows `needle` within 10 s (the log comes
-    /// through a reader thread, so a line can follow what caused it).
+    /// Whether the target's log shows `needle` within 10 s.
     fn log_shows(&self, needle: &str) -> bool {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !self.log().contains(needle) {
-            if Instant::now() > deadline {
-                return false;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        true
+        self.log.shows(needle, Duration::from_secs(10))
     }
 
     fn connect_args(&self, session: &str, volume: &str) -> Vec<String> {

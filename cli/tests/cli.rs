@@ -17,12 +17,14 @@
 //!   test process, and uses the binary next to `brick`. That build is a
 //!   no-op when the binary is fresh, and a stale binary is never tested.
 
+mod common;
+
+use common::ChildLog;
 use std::fs::File;
-use std::io::{BufRead, BufReader};
 use std::net::UdpSocket;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 /// The target's manifest; `PORT`-independent (UDP links bind the
@@ -165,7 +167,7 @@ fn free_port() -> u16 {
 struct Target {
     child: Child,
     port: u16,
-    log: Arc<Mutex<String>>,
+    log: ChildLog,
     _scratch: Scratch,
 }
 
@@ -193,28 +195,17 @@ impl Target {
             .stderr(Stdio::piped())
             .spawn()
             .expect("brick-target starts");
-        let stderr = child.stderr.take().unwrap();
-        let log = Arc::new(Mutex::new(String::new()));
-        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-        let sink = Arc::clone(&log);
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines() {
-                let Ok(line) = line else { break };
-                if line.contains("listening on RDMA CM port") {
-                    let _ = ready_tx.send(());
-                }
-                let mut log = sink.lock().unwrap();
-                log.push_str(&line);
-                log.push('\n');
-            }
-        });
+        let log = ChildLog::collect(child.stderr.take().unwrap());
         let target = Self {
             child,
             port,
             log,
             _scratch: scratch,
         };
-        if ready_rx.recv_timeout(Duration::from_secs(30)).is_err() {
+        if !target
+            .log
+            .shows("listening on RDMA CM port", Duration::from_secs(30))
+        {
             panic!(
                 "brick-target did not start listening within 30 s; its log:\n{}",
                 target.log()
@@ -224,21 +215,12 @@ impl Target {
     }
 
     fn log(&self) -> String {
-        self.log.lock().unwrap().clone()
+        self.log.text()
     }
 
-    /// Whether the target's log shows `needle` within 10 s (the log comes
-    /// through a reader thread, and the target notices a client's exit
-    /// after the client has gone).
+    /// Whether the target's log shows `needle` within 10 s.
     fn log_shows(&self, needle: &str) -> bool {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !self.log().contains(needle) {
-            if Instant::now() > deadline {
-                return false;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        true
+        self.log.shows(needle, Duration::from_secs(10))
     }
 
     /// The connection options for session `session`, volume `volume`.
