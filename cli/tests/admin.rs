@@ -415,6 +415,7 @@ fn a_real_prometheus_scrapes_the_io_rate_during_a_benchmark() {
             "16",
             "--runtime",
             "10",
+            "--json",
         ]
         .map(String::from),
     );
@@ -438,13 +439,43 @@ fn a_real_prometheus_scrapes_the_io_rate_during_a_benchmark() {
     println!("prometheus query {query}: {result}");
     let targets = http_get(TcpStream::connect(&web).unwrap(), "/api/v1/targets").1;
     let output = bench.join().unwrap();
-    drop(prometheus);
     assert!(
         rate > 0.0,
         "no IO rate from Prometheus: {result}\ntargets: {targets}\nprometheus log:\n{}",
         std::fs::read_to_string(target.dir.join("prometheus.log")).unwrap_or_default()
     );
     assert!(targets.contains("\"health\":\"up\""), "{targets}");
-    let report = String::from_utf8_lossy(&output.stdout);
-    println!("brick bench: {report}");
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap_or_else(|e| {
+        panic!(
+            "bench --json: {e}: {}",
+            String::from_utf8_lossy(&output.stdout)
+        )
+    });
+    let ios = report["read"]["ios"].as_u64().unwrap() + report["write"]["ios"].as_u64().unwrap();
+    println!(
+        "brick bench: {ios} IOs, {:.0} read + {:.0} write IOPS; Prometheus rate {rate:.0} IO/s",
+        report["read"]["iops"].as_f64().unwrap(),
+        report["write"]["iops"].as_f64().unwrap()
+    );
+    // Once a scrape after the benchmark is stored, Prometheus holds exactly
+    // the IOs the benchmark did.
+    let total = "sum(brick_volume_reads_total{volume=\"vol0\"}) + sum(brick_volume_writes_total{volume=\"vol0\"})";
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let stored = loop {
+        let result = prometheus_query(&web, total);
+        let stored = result["data"]["result"][0]["value"][1]
+            .as_str()
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0);
+        if stored as u64 == ios || Instant::now() > deadline {
+            println!("prometheus query {total}: {result}");
+            break stored as u64;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    drop(prometheus);
+    assert_eq!(
+        stored, ios,
+        "the counters Prometheus stored against the benchmark's IOs"
+    );
 }
