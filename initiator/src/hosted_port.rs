@@ -6,7 +6,7 @@ use std::fmt;
 use std::net::SocketAddr;
 use std::str::FromStr;
 
-use hal::hosted::{LinkSpec, OsRng};
+use hal::hosted::{LinkSpec, PooledOsRng};
 use hal::Rng;
 use roce::hca::{Hca, HcaConfig, LinkMode};
 use verbs::{
@@ -28,13 +28,14 @@ const IBV_REGIONS: usize = 64;
 #[cfg(feature = "ibv")]
 const IBV_CONNECTIONS: usize = 32;
 
-/// The OS random source as the HCA's key source.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct OsKeys;
+/// The OS random source, read a block at a time, as the HCA's key source
+/// (a registration per IO draws a key).
+#[derive(Clone, Debug, Default)]
+pub struct OsKeys(PooledOsRng);
 
 impl KeySource for OsKeys {
     fn next_u32(&mut self) -> u32 {
-        OsRng.next_u32()
+        self.0.next_u32()
     }
 }
 
@@ -293,7 +294,7 @@ pub(crate) fn build_hca(arena: usize, config: HcaConfig, mode: LinkMode) -> Host
 fn build_hca_here(arena: usize, config: HcaConfig, mode: LinkMode) -> HostPort {
     HostPort::Hca(Box::new(Hca::with_link(
         vec![0u8; arena],
-        OsKeys,
+        OsKeys::default(),
         config,
         mode,
     )))

@@ -31,7 +31,7 @@ pub use file::{FileConfig, FileDevice};
 pub use frame_link::{FrameEndpoint, FrameLink};
 pub use link::{Link, Packet};
 pub use link_spec::{LinkSpec, LinkSpecError};
-pub use rng::OsRng;
+pub use rng::{OsRng, PooledOsRng};
 pub use udp::UdpNic;
 pub use wait::{wait_readable, wait_ready, PollIdle};
 

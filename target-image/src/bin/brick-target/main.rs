@@ -38,7 +38,7 @@ use std::sync::atomic::Ordering;
 use clap::Parser;
 use std::net::{IpAddr, SocketAddrV4};
 
-use hal::hosted::{signals, Link, LinkSpec, MonotonicClock, OsRng, Packet, PollIdle};
+use hal::hosted::{signals, Link, LinkSpec, MonotonicClock, Packet, PollIdle, PooledOsRng};
 use hal::{Clock, DatagramNic, Rng};
 use manifest::binary::Manifest;
 use roce::hca::LinkMode;
@@ -93,8 +93,8 @@ impl FromStr for TargetLink {
     }
 }
 
-/// The OS random source as the HCA's key source.
-struct OsKeys(OsRng);
+/// The OS random source, read a block at a time, as the HCA's key source.
+struct OsKeys(PooledOsRng);
 
 impl KeySource for OsKeys {
     fn next_u32(&mut self) -> u32 {
@@ -189,8 +189,13 @@ fn run(args: Args) -> Result<(), String> {
         }
     }
     let target = manifest.target();
-    let mut engine = Engine::with_links(manifest, |_| OsKeys(OsRng), &modes, hosted::open_volume)
-        .map_err(|e| e.to_string())?;
+    let mut engine = Engine::with_links(
+        manifest,
+        |_| OsKeys(PooledOsRng::new()),
+        &modes,
+        hosted::open_volume,
+    )
+    .map_err(|e| e.to_string())?;
     engine.set_logger(|args| eprintln!("brick-target: {args}"));
     eprintln!(
         "brick-target: target {} listening on RDMA CM port {} (always_invalidate {})",
