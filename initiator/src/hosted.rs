@@ -231,13 +231,7 @@ impl Host {
     /// happened.
     fn pump(&mut self) -> Result<bool, Error> {
         let now = self.clock.now();
-        // What the last turn left queued goes out first: the ACKs of the
-        // answers the application was handed then, together with the
-        // requests it submitted since (one send per IO at queue depth 1).
-        let mut busy = self.transmit(now);
-        // Answers may come back within this turn: they are stamped with
-        // the time after the send, not before it.
-        let now = self.clock.now();
+        let mut busy = false;
         if let (Some(link), Some(hca)) = (self.link.as_mut(), self.init.verbs_mut().hca_mut()) {
             for _ in 0..RX_BURST {
                 let received = link
@@ -255,10 +249,21 @@ impl Host {
             }
         }
         busy |= self.init.poll(now);
-        // Answers ready for the application: hand them over first (no
-        // system call on their way); their ACKs leave at the next turn.
-        if self.init.completions_ready() == 0 {
-            busy |= self.transmit(now);
+        if let (Some(link), Some(hca)) = (self.link.as_mut(), self.init.verbs_mut().hca_mut()) {
+            busy |= match link {
+                Link::Frame(_) => hca.poll(now, &mut |h: &[u8], p: &[&[u8]], t: &[u8]| {
+                    link.transmit(h, p, t)
+                }),
+                Link::Udp(_) => hca.poll_datagrams(
+                    now,
+                    &mut |to: SocketAddrV4, h: &[u8], p: &[&[u8]], t: &[u8]| {
+                        link.transmit_datagram(to, h, p, t)
+                    },
+                ),
+            };
+            if link.has_pending_output() {
+                link.flush();
+            }
         }
         while let Some(event) = self.init.next_event() {
             busy = true;
@@ -270,39 +275,12 @@ impl Host {
         Ok(busy)
     }
 
-    /// Runs the software HCA's output and timers onto the link and flushes
-    /// it; returns whether anything happened.
-    fn transmit(&mut self, now: u64) -> bool {
-        let (Some(link), Some(hca)) = (self.link.as_mut(), self.init.verbs_mut().hca_mut()) else {
-            return false;
-        };
-        let busy = match link {
-            Link::Frame(_) => hca.poll(now, &mut |h: &[u8], p: &[&[u8]], t: &[u8]| {
-                link.transmit(h, p, t)
-            }),
-            Link::Udp(_) => hca.poll_datagrams(
-                now,
-                &mut |to: SocketAddrV4, h: &[u8], p: &[&[u8]], t: &[u8]| {
-                    link.transmit_datagram(to, h, p, t)
-                },
-            ),
-        };
-        if link.has_pending_output() {
-            link.flush();
-        }
-        busy
-    }
-
     /// Blocks until the link (or the RDMA device) has input, or the next
     /// deadline (at most `limit`). On an RDMA device it first keeps
     /// polling for [`IBV_SPIN_NS`] after the last work, then arms the
     /// completion queues, polls once more and sleeps on its channels.
     fn idle(&mut self, limit: u64) {
         let now = self.clock.now();
-        // Nothing leaves queued behind a sleep.
-        if self.transmit(now) {
-            return;
-        }
         let port_at = self.init.verbs().poll_at(now);
         let wake = [self.init.poll_at(), port_at, Some(limit)]
             .into_iter()
