@@ -17,6 +17,15 @@ use roce::hca::{Hca, HcaConfig};
 use rtrs::client::{Client, ClientConfig};
 use verbs::{AccessFlags, Verbs};
 
+/// Key seed of a light node. Not [`Recorder::add_client`]'s 7: a node's
+/// CM comm ids, QPNs and PSNs follow from its seed, and with the recorded
+/// client's seed the healthy session's first REQ carried the comm id of
+/// every recorded session's REQ, so an input whose REQ differed from a
+/// recorded one only in the CA GUID's last byte (02 -> 03) forged the
+/// healthy client's (comm id, CA GUID): its REQ was then a duplicate of a
+/// connection still in DREQ-sent and was ignored (ib-cm.md §4.8, as
+/// Linux cm.c does) until the wait timed out.
+const LIGHT_SEED: u64 = 0x6865_616c_7468;
 /// Largest ad-hoc IO of a [`Recorder::add_light_client`] node.
 pub const LIGHT_IO: u32 = 64 << 10;
 /// Registered memory of a light node's HCA (its buffer and the RTRS
@@ -87,13 +96,13 @@ impl Recorder {
     /// of [`clients::ADHOC`] + [`LIGHT_IO`] bytes instead of 1 MiB): the
     /// healthy session `engine_frames` runs after every input, where
     /// zeroing the full pool cost a third of the input's time. Same client
-    /// configuration, same uuids. Returns its index.
+    /// configuration; its own key seed ([`LIGHT_SEED`]). Returns its index.
     pub fn add_light_client(&mut self, host: u8) -> usize {
         self.clients.push(light_node(
             [0x52, 0x54, 0x00, 0x77, 0x00, host],
             [10, 77, 0, host],
             8,
-            7,
+            LIGHT_SEED,
         ));
         self.clients.len() - 1
     }
