@@ -42,6 +42,9 @@ thread_local! {
 #[global_allocator]
 static ALLOCATOR: alloc_counter::Counting = alloc_counter::Counting::new(note);
 
+/// The endpoint's section of the test manifest.
+const ADMIN: &str = "[admin]\naddress = \"10.77.0.1:9100\"\nsources = [\"10.77.0.2\"]\n";
+
 fn note() {
     let _ = ARMED.try_with(|armed| {
         if armed.get() {
@@ -56,50 +59,6 @@ fn armed<R>(on: bool, f: impl FnOnce() -> R) -> R {
     let result = f();
     ARMED.with(|a| a.set(before));
     result
-}
-
-fn manifest(pool: &std::path::Path) -> String {
-    format!(
-        r#"
-[target]
-name = "brick-admin-tcp"
-
-[limits]
-queue_depth = 16
-
-[[interfaces]]
-name = "eth0"
-mac = "52:54:00:77:00:01"
-address = "10.77.0.1/24"
-
-[admin]
-address = "10.77.0.1:9100"
-sources = ["10.77.0.2"]
-
-[[pools]]
-name = "pool0"
-kind = "file"
-path = "{}"
-size = "16MiB"
-
-[[volumes]]
-name = "thin0"
-kind = "thin"
-pool = "pool0"
-size = "16MiB"
-
-[[volumes]]
-name = "ram0"
-kind = "ram"
-size = "1MiB"
-
-[[access]]
-sessions = "*"
-volumes = "*"
-mode = "rw"
-"#,
-        pool.display()
-    )
 }
 
 /// The client's device: frames in from the segment, frames out to it.
@@ -333,7 +292,7 @@ fn the_admin_endpoint_answers_http_over_smoltcp() {
     std::fs::create_dir_all(&dir).unwrap();
     let pool: PathBuf = dir.join("pool0.img");
     let _ = std::fs::remove_file(&pool);
-    let text = manifest(&pool);
+    let text = common::thin_and_ram_manifest("brick-admin-tcp", &pool, ADMIN);
     std::thread::Builder::new()
         .stack_size(256 << 20)
         .spawn(move || {

@@ -186,54 +186,13 @@ fn counters_and_the_latency_histogram_follow_the_io() {
     });
 }
 
-/// A 16 MiB pool (7 extents) under a thin volume, and a RAM volume.
-fn thin_manifest(pool: &std::path::Path) -> String {
-    format!(
-        r#"
-[target]
-name = "brick-metrics-thin"
-
-[limits]
-queue_depth = 16
-
-[[interfaces]]
-name = "eth0"
-mac = "52:54:00:77:00:01"
-address = "10.77.0.1/24"
-
-[[pools]]
-name = "pool0"
-kind = "file"
-path = "{}"
-size = "16MiB"
-
-[[volumes]]
-name = "thin0"
-kind = "thin"
-pool = "pool0"
-size = "16MiB"
-
-[[volumes]]
-name = "ram0"
-kind = "ram"
-size = "1MiB"
-
-[[access]]
-sessions = "*"
-volumes = "*"
-mode = "rw"
-"#,
-        pool.display()
-    )
-}
-
 #[test]
 fn extents_and_thin_gauges_come_through_the_admin_exchange() {
     let dir = std::env::temp_dir().join(format!("brick-engine-metrics-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let pool: PathBuf = dir.join("pool0.img");
     let _ = std::fs::remove_file(&pool);
-    let text = thin_manifest(&pool);
+    let text = common::thin_and_ram_manifest("brick-metrics-thin", &pool, "");
     std::thread::Builder::new()
         .stack_size(256 << 20)
         .spawn(move || {

@@ -320,3 +320,48 @@ impl<D: BlockDevice<Chunk>> Fabric for World<'_, D> {
         );
     }
 }
+
+/// A manifest named `name`: one interface (10.77.0.1/24), a 16 MiB file
+/// pool at `pool` (7 extents) under the 16 MiB thin volume `thin0`, the
+/// 1 MiB RAM volume `ram0`, open to every session; `extra` (e.g. an
+/// `[admin]` section) goes before the pools.
+pub fn thin_and_ram_manifest(name: &str, pool: &std::path::Path, extra: &str) -> String {
+    format!(
+        r#"
+[target]
+name = "{name}"
+
+[limits]
+queue_depth = 16
+
+[[interfaces]]
+name = "eth0"
+mac = "52:54:00:77:00:01"
+address = "10.77.0.1/24"
+
+{extra}
+[[pools]]
+name = "pool0"
+kind = "file"
+path = "{}"
+size = "16MiB"
+
+[[volumes]]
+name = "thin0"
+kind = "thin"
+pool = "pool0"
+size = "16MiB"
+
+[[volumes]]
+name = "ram0"
+kind = "ram"
+size = "1MiB"
+
+[[access]]
+sessions = "*"
+volumes = "*"
+mode = "rw"
+"#,
+        pool.display()
+    )
+}
