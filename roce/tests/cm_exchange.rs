@@ -1005,3 +1005,94 @@ fn full_table_cuts_a_timewait_for_a_new_request() {
     assert_eq!(pair.server.stats().rejected_requests, 0);
     assert_ne!(again, client_conn);
 }
+
+/// Another host that copies a connection's IDs (its comm ID and CA GUID, its
+/// GUID and QPN, both comm IDs) cannot move that connection: its REQ is a
+/// request of its own, and its DREQ does not reach the connection.
+#[test]
+fn another_address_cannot_move_a_connection() {
+    let forger = Route {
+        local_ip: SERVER_IP,
+        peer: PeerAddr {
+            mac: EthernetAddress([2, 0, 0, 0, 0, 9]),
+            ip: Ipv4Address::new(10, 0, 0, 9),
+        },
+    };
+    let mut pair = Pair::new();
+    let client_conn = pair.connect(PORT, &[]);
+    let req = pair.client.dispatch().unwrap();
+    // The forger's copy of the REQ lands first: a request of its own.
+    pair.server
+        .process_mad(pair.now, &mut pair.rng, forger, &req.mad);
+    let Some(Event::ConnectRequest { conn: forged, .. }) = pair.server.poll_event() else {
+        panic!("the forged REQ is not a request of its own")
+    };
+    // The real REQ, while the forged one waits for the consumer, is not taken
+    // for its duplicate.
+    pair.server
+        .process_mad(pair.now, &mut pair.rng, server_route(), &req.mad);
+    let Some(Event::ConnectRequest { conn, .. }) = pair.server.poll_event() else {
+        panic!("the real REQ was held off by the forged copy")
+    };
+    assert_ne!(conn, forged);
+    pair.server
+        .reject(pair.now, forged, RejectReason::ConsumerDefined, &[])
+        .unwrap();
+    let rej = pair.server.dispatch().unwrap();
+    assert_eq!(rej.route, forger, "the REJ goes to the forger");
+    pair.server
+        .accept(pair.now, conn, local_qp(SERVER_QPN, 200), &[])
+        .unwrap();
+    assert_eq!(pair.deliver_to_client(|_| false), [REP]);
+    pair.client.poll_event();
+    pair.client.ready_to_use(client_conn).unwrap();
+    assert_eq!(pair.deliver_to_server(|_| false), [RTU]);
+    assert_eq!(pair.server.poll_event(), Some(Event::Established { conn }));
+
+    // A "restarted client" (new comm ID, same GUID and QPN) from the forger's
+    // address: no REJ 10, no DREQ on the real connection.
+    let mut other = Cm::<1>::new(Config::new(0x0200_00ff_fe00_0002));
+    other
+        .connect(
+            0,
+            &mut pair.rng,
+            &ConnectParams {
+                route: client_route(),
+                port: PORT,
+                src_port: 40_001,
+                qp: local_qp(CLIENT_QPN, 7),
+                path_mtu: Mtu::Mtu1024,
+                retry_count: 7,
+                traffic_class: 0,
+                hop_limit: 64,
+                private_data: &[],
+            },
+        )
+        .unwrap();
+    let stale = other.dispatch().unwrap();
+    pair.server
+        .process_mad(pair.now, &mut pair.rng, forger, &stale.mad);
+    assert!(matches!(
+        pair.server.poll_event(),
+        Some(Event::ConnectRequest { .. })
+    ));
+    assert!(pair.server.dispatch().is_none(), "nothing sent to anyone");
+    assert_eq!(pair.server.state(conn), Some(State::Established));
+
+    // The client's own DREQ, replayed from the forger's address first: answered
+    // (ib-cm.md §4.7) but the connection stays up; from the client it ends it.
+    pair.client
+        .disconnect(pair.now, &mut pair.rng, client_conn)
+        .unwrap();
+    let dreq = pair.client.dispatch().unwrap();
+    assert_eq!(attribute(&dreq), DREQ);
+    pair.server
+        .process_mad(pair.now, &mut pair.rng, forger, &dreq.mad);
+    let answer = pair.server.dispatch().unwrap();
+    assert_eq!((attribute(&answer), answer.route), (DREP, forger));
+    assert_eq!(pair.server.state(conn), Some(State::Established));
+    assert_eq!(pair.server.poll_event(), None);
+    pair.server
+        .process_mad(pair.now, &mut pair.rng, server_route(), &dreq.mad);
+    assert_eq!(pair.server.state(conn), Some(State::Timewait));
+}

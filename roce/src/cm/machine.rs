@@ -296,15 +296,15 @@ impl<const N: usize> Cm<N> {
                 self.on_req(now, rng, route, tid, req);
                 true
             }
-            Message::Rep(rep) => self.on_rep(rep),
-            Message::Rtu(rtu) => self.on_rtu(rtu),
-            Message::Mra(mra) => self.on_mra(now, mra),
-            Message::Rej(rej) => self.on_rej(now, rej),
+            Message::Rep(rep) => self.on_rep(route, rep),
+            Message::Rtu(rtu) => self.on_rtu(route, rtu),
+            Message::Mra(mra) => self.on_mra(now, route, mra),
+            Message::Rej(rej) => self.on_rej(now, route, rej),
             Message::Dreq(dreq) => {
                 self.on_dreq(now, route, tid, dreq);
                 true
             }
-            Message::Drep(drep) => self.on_drep(now, drep),
+            Message::Drep(drep) => self.on_drep(now, route, drep),
         };
         if !handled {
             self.stats.unmatched += 1;

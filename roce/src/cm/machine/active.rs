@@ -6,7 +6,7 @@ use super::{copy_private_data, fresh_tid, valid_qpn, Cm, DEFAULT_HOP_LIMIT, NO_Q
 use crate::cm::state::{EventKind, RequestInfo, Role};
 use crate::cm::{
     ack_timeout, cm_timeout_ms, CmError, ConnId, ConnectParams, PrivateData, QpAttributes, Random,
-    State, MILLISECOND, REQ_USER_DATA_LEN,
+    Route, State, MILLISECOND, REQ_USER_DATA_LEN,
 };
 #[cfg(doc)]
 use crate::cm::{Config, Event};
@@ -146,8 +146,8 @@ impl<const N: usize> Cm<N> {
         Ok(self.conn_id(index))
     }
 
-    pub(super) fn on_rep(&mut self, rep: &RepRepr<'_>) -> bool {
-        let Some(index) = self.find_local(rep.remote_comm_id) else {
+    pub(super) fn on_rep(&mut self, route: Route, rep: &RepRepr<'_>) -> bool {
+        let Some(index) = self.find_local(rep.remote_comm_id, route.peer.ip) else {
             return false;
         };
         let conn = &mut self.conns[index];

@@ -45,7 +45,8 @@ impl<const N: usize> Cm<N> {
     }
 
     pub(super) fn on_dreq(&mut self, now: u64, route: Route, tid: u64, dreq: &DreqRepr<'_>) {
-        let Some(index) = self.find_by_ids(dreq.remote_comm_id, dreq.local_comm_id) else {
+        let Some(index) = self.find_by_ids(dreq.remote_comm_id, dreq.local_comm_id, route.peer.ip)
+        else {
             // Unknown IDs: answer anyway with the IDs swapped (ib-cm.md §4.7).
             self.stats.unmatched += 1;
             return self.send_stateless(
@@ -79,8 +80,9 @@ impl<const N: usize> Cm<N> {
         }
     }
 
-    pub(super) fn on_drep(&mut self, now: u64, drep: &DrepRepr<'_>) -> bool {
-        let Some(index) = self.find_by_ids(drep.remote_comm_id, drep.local_comm_id) else {
+    pub(super) fn on_drep(&mut self, now: u64, route: Route, drep: &DrepRepr<'_>) -> bool {
+        let Some(index) = self.find_by_ids(drep.remote_comm_id, drep.local_comm_id, route.peer.ip)
+        else {
             return false;
         };
         if self.conns[index].state != State::DreqSent {

@@ -24,12 +24,17 @@ impl<const N: usize> Cm<N> {
         tid: u64,
         req: &ReqRepr<'_>,
     ) {
-        // Duplicate: same client comm ID and CA GUID (ib-cm.md §4.8).
+        // Duplicate: same client comm ID and CA GUID (ib-cm.md §4.8), and,
+        // where Linux stops there, from the same address: a host that copies
+        // another's IDs gets a connection of its own, never a say over the
+        // other's (a REQ of the other's IDs would otherwise hold its connect
+        // off as a "duplicate").
         if let Some(index) = self.conns.iter().position(|c| {
             c.is_live()
                 && c.role == Role::Passive
                 && c.remote_comm_id == req.local_comm_id
                 && c.qp.remote_ca_guid == req.local_ca_guid
+                && c.route.peer.ip == route.peer.ip
         }) {
             match self.conns[index].state {
                 // Re-send the MRA or the REP (the REP also has its own timer).
@@ -81,14 +86,17 @@ impl<const N: usize> Cm<N> {
             Err(_) => return reject(self, RejectReason::ConsumerDefined),
         };
 
-        // Stale: the client's (GUID, QPN) belongs to a live connection: REJ 10 to the
-        // new REQ and DREQ on the old connection (ib-cm.md §4.8, checklist B).
+        // Stale: the client's (GUID, QPN) belongs to a live connection from the
+        // same address: REJ 10 to the new REQ and DREQ on the old connection
+        // (ib-cm.md §4.8, checklist B). Only the connection's own peer can
+        // declare it stale; the same pair from elsewhere is a new connection.
         if let Some(old) = self.conns.iter().position(|c| {
             c.is_live()
                 && c.role == Role::Passive
                 && c.state != State::Timewait
                 && c.qp.remote_ca_guid == req.local_ca_guid
                 && c.qp.remote_qpn == req.local_qpn
+                && c.route.peer.ip == route.peer.ip
         }) {
             reject(self, RejectReason::StaleConnection);
             match self.conns[old].state {
@@ -268,8 +276,9 @@ impl<const N: usize> Cm<N> {
         Ok(())
     }
 
-    pub(super) fn on_rtu(&mut self, rtu: &RtuRepr<'_>) -> bool {
-        let Some(index) = self.find_by_ids(rtu.remote_comm_id, rtu.local_comm_id) else {
+    pub(super) fn on_rtu(&mut self, route: Route, rtu: &RtuRepr<'_>) -> bool {
+        let Some(index) = self.find_by_ids(rtu.remote_comm_id, rtu.local_comm_id, route.peer.ip)
+        else {
             return false;
         };
         match self.conns[index].state {

@@ -87,7 +87,7 @@ impl<const N: usize> Cm<N> {
         );
     }
 
-    pub(super) fn on_rej(&mut self, now: u64, rej: &RejRepr<'_>) -> bool {
+    pub(super) fn on_rej(&mut self, now: u64, route: Route, rej: &RejRepr<'_>) -> bool {
         // How Linux finds the rejected connection (ib-cm.md §4.6): a timeout REJ by
         // (ARI GUID, sender's comm ID); a REJ of a REQ by our comm ID alone; any
         // other by both comm IDs.
@@ -100,16 +100,17 @@ impl<const N: usize> Cm<N> {
                     && rej.local_comm_id != 0
                     && c.remote_comm_id == rej.local_comm_id
                     && c.qp.remote_ca_guid == guid
+                    && c.route.peer.ip == route.peer.ip
             })
         } else {
             None
         };
         let found = found.or_else(|| {
             if rej.message_rejected == MessageKind::Req {
-                self.find_local(rej.remote_comm_id)
+                self.find_local(rej.remote_comm_id, route.peer.ip)
                     .filter(|&i| matches!(self.conns[i].state, State::ReqSent | State::MraReqRcvd))
             } else {
-                self.find_by_ids(rej.remote_comm_id, rej.local_comm_id)
+                self.find_by_ids(rej.remote_comm_id, rej.local_comm_id, route.peer.ip)
             }
         });
         let Some(index) = found else {

@@ -8,6 +8,7 @@ use crate::cm::{CmError, ConnId, Random, State};
 #[cfg(doc)]
 use crate::cm::{Stats, MAX_LISTENERS};
 use crate::types::Qpn;
+use crate::wire::Ipv4Address;
 
 impl<const N: usize> Cm<N> {
     /// Accepts REQs for RDMA_PS_TCP `port` (service ID `0x0106 << 16 | port`,
@@ -85,16 +86,25 @@ impl<const N: usize> Cm<N> {
             .map(|i| self.conn_id(i))
     }
 
-    pub(super) fn find_by_ids(&self, local: u32, remote: u32) -> Option<usize> {
+    /// The live connection with both comm IDs whose peer is `peer`: a
+    /// message about a connection counts only from the address that
+    /// connection runs to, so a host that learnt (or guessed) the IDs cannot
+    /// move another host's connection.
+    pub(super) fn find_by_ids(&self, local: u32, remote: u32, peer: Ipv4Address) -> Option<usize> {
         self.conns.iter().position(|c| {
-            c.is_live() && local != 0 && c.local_comm_id == local && c.remote_comm_id == remote
+            c.is_live()
+                && local != 0
+                && c.local_comm_id == local
+                && c.remote_comm_id == remote
+                && c.route.peer.ip == peer
         })
     }
 
-    pub(super) fn find_local(&self, local: u32) -> Option<usize> {
-        self.conns
-            .iter()
-            .position(|c| c.is_live() && local != 0 && c.local_comm_id == local)
+    /// The live connection with our comm ID `local` whose peer is `peer`.
+    pub(super) fn find_local(&self, local: u32, peer: Ipv4Address) -> Option<usize> {
+        self.conns.iter().position(|c| {
+            c.is_live() && local != 0 && c.local_comm_id == local && c.route.peer.ip == peer
+        })
     }
 
     pub(super) fn fresh_comm_id<R: Random + ?Sized>(&self, rng: &mut R) -> Option<u32> {

@@ -5,7 +5,7 @@
 
 use super::{Cm, MRA_REQ_SLACK};
 use crate::cm::state::{EventKind, Timer};
-use crate::cm::{cm_timeout_ms, DisconnectCause, RejectReason, State, Waiting, MILLISECOND};
+use crate::cm::{cm_timeout_ms, DisconnectCause, RejectReason, Route, State, Waiting, MILLISECOND};
 use crate::wire::cm::{MessageKind, MraRepr};
 
 impl<const N: usize> Cm<N> {
@@ -141,8 +141,8 @@ impl<const N: usize> Cm<N> {
         cm_timeout_ms(exponent.min(self.config.max_peer_timeout_exponent)) * MILLISECOND
     }
 
-    pub(super) fn on_mra(&mut self, now: u64, mra: &MraRepr<'_>) -> bool {
-        let Some(index) = self.find_local(mra.remote_comm_id) else {
+    pub(super) fn on_mra(&mut self, now: u64, route: Route, mra: &MraRepr<'_>) -> bool {
+        let Some(index) = self.find_local(mra.remote_comm_id, route.peer.ip) else {
             return false;
         };
         let stretch = self.peer_timeout(mra.service_timeout);
