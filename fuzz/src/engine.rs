@@ -47,8 +47,10 @@ pub const RAW: u16 = 0x8000;
 /// The engine's MAC (the captures' server MAC).
 pub const ENGINE_MAC: [u8; 6] = [0x52, 0x54, 0x00, 0x77, 0x00, 0x01];
 
-/// Small on purpose: two sessions, queue depth 8, two small volumes (one
-/// read-only), 10.77.0.1 (the address of the captures in `tests/vectors`).
+/// Small on purpose (every input builds the engine afresh, and zeroing its
+/// memory is most of an input's cost): two sessions, queue depth 8, 16 KiB
+/// chunks, two small volumes (one read-only), 10.77.0.1 (the address of the
+/// captures in `tests/vectors`).
 pub const MANIFEST: &str = r#"
 [target]
 name = "brick-fuzz"
@@ -58,6 +60,7 @@ max_sessions = 2
 max_paths_per_session = 2
 max_connections_per_path = 2
 queue_depth = 8
+chunk_size = "16KiB"
 
 [[interfaces]]
 name = "eth0"
@@ -67,12 +70,12 @@ address = "10.77.0.1/24"
 [[volumes]]
 name = "vol0"
 kind = "ram"
-size = "1MiB"
+size = "256KiB"
 
 [[volumes]]
 name = "ram0"
 kind = "ram"
-size = "256KiB"
+size = "64KiB"
 
 [[access]]
 sessions = "*"

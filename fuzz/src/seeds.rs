@@ -53,9 +53,9 @@ fn engine_seeds() -> Vec<(String, Vec<u8>, u64)> {
         assert_eq!(w.write(c, 3, &device, 0, &data), 0);
         let (errno, back) = w.read(c, 4, &device, 0, 4096);
         assert!(errno == 0 && back == data, "seed read-back");
-        let big = pattern(4, 64 * 1024);
+        let big = pattern(4, 12 * 1024);
         assert_eq!(w.write(c, 5, &device, 128 * 1024, &big), 0);
-        assert_eq!(w.read(c, 6, &device, 128 * 1024, 64 * 1024).0, 0);
+        assert_eq!(w.read(c, 6, &device, 128 * 1024, 12 * 1024).0, 0);
         assert_eq!(w.close_device(c, 7, &device), 0);
     });
     seeds.push(("session-io".to_string(), bytes, answered));
