@@ -123,7 +123,14 @@ pub struct World<'m, D: BlockDevice<Chunk> = RamVolume> {
     pool: Vec<Vec<u8>>,
     /// Every line the engine logged.
     pub log: Rc<RefCell<Vec<String>>>,
+    /// Sees every frame on its way to the engine and may hand the engine
+    /// frames of its own first (a forger on the wire).
+    pub tap: Option<Tap>,
 }
+
+/// [`World::tap`]: called with a node's frame before the engine gets it;
+/// the frames it returns reach the engine just before that frame.
+pub type Tap = Box<dyn FnMut(&[u8]) -> Vec<Vec<u8>>>;
 
 fn frame_into(
     pool: &mut Vec<Vec<u8>>,
@@ -173,6 +180,7 @@ impl<'m, D: BlockDevice<Chunk>> World<'m, D> {
             to_engine: VecDeque::with_capacity(1024),
             pool: Vec::with_capacity(1024),
             log,
+            tap: None,
         }
     }
 
@@ -219,11 +227,17 @@ impl<'m, D: BlockDevice<Chunk>> World<'m, D> {
             raws,
             to_engine,
             pool,
+            tap,
             ..
         } = self;
         {
             let _engine = Depth::enter(&IN_ENGINE);
             while let Some(frame) = to_engine.pop_front() {
+                if let Some(tap) = tap.as_mut() {
+                    for forged in tap(&frame) {
+                        engine.receive(0, now, &forged);
+                    }
+                }
                 engine.receive(0, now, &frame);
                 pool.push(frame);
             }
