@@ -24,7 +24,11 @@ use verbs::{AccessFlags, Verbs};
 /// recorded one only in the CA GUID's last byte (02 -> 03) forged the
 /// healthy client's (comm id, CA GUID): its REQ was then a duplicate of a
 /// connection still in DREQ-sent and was ignored (ib-cm.md §4.8, as
-/// Linux cm.c does) until the wait timed out.
+/// Linux cm.c does) until the wait timed out. The CM now also matches the
+/// sender's address, so such a copy from another host no longer holds the
+/// healthy client off (the committed seed
+/// `req-forging-the-healthy-client-comm-id` keeps it tried); the seeds stay
+/// apart all the same.
 const LIGHT_SEED: u64 = 0x6865_616c_7468;
 /// Largest ad-hoc IO of a [`Recorder::add_light_client`] node.
 pub const LIGHT_IO: u32 = 64 << 10;
