@@ -203,6 +203,30 @@ impl Pair {
     }
 }
 
+/// The REQ of the client after a restart: a new comm ID, the same GUID and
+/// QPN.
+fn restarted_client_req(pair: &mut Pair) -> Outbound {
+    let mut other = Cm::<1>::new(Config::new(0x0200_00ff_fe00_0002));
+    other
+        .connect(
+            0,
+            &mut pair.rng,
+            &ConnectParams {
+                route: client_route(),
+                port: PORT,
+                src_port: 40_001,
+                qp: local_qp(CLIENT_QPN, 7),
+                path_mtu: Mtu::Mtu1024,
+                retry_count: 7,
+                traffic_class: 0,
+                hop_limit: 64,
+                private_data: &[],
+            },
+        )
+        .unwrap();
+    other.dispatch().unwrap()
+}
+
 #[test]
 fn passive_exchange_req_rep_rtu_established() {
     let mut pair = Pair::new();
@@ -675,26 +699,7 @@ fn timewait_keeps_the_qpn_until_it_ends() {
 fn stale_request_rejects_and_tears_down_the_old_connection() {
     let mut pair = Pair::new();
     let (_, server_conn) = pair.established();
-    // The client restarted: a new comm ID, the same GUID and QPN.
-    let mut other = Cm::<1>::new(Config::new(0x0200_00ff_fe00_0002));
-    other
-        .connect(
-            0,
-            &mut pair.rng,
-            &ConnectParams {
-                route: client_route(),
-                port: PORT,
-                src_port: 40_001,
-                qp: local_qp(CLIENT_QPN, 7),
-                path_mtu: Mtu::Mtu1024,
-                retry_count: 7,
-                traffic_class: 0,
-                hop_limit: 64,
-                private_data: &[],
-            },
-        )
-        .unwrap();
-    let req = other.dispatch().unwrap();
+    let req = restarted_client_req(&mut pair);
     pair.server
         .process_mad(0, &mut pair.rng, server_route(), &req.mad);
     let mut sent = Vec::new();
@@ -1051,25 +1056,7 @@ fn another_address_cannot_move_a_connection() {
 
     // A "restarted client" (new comm ID, same GUID and QPN) from the forger's
     // address: no REJ 10, no DREQ on the real connection.
-    let mut other = Cm::<1>::new(Config::new(0x0200_00ff_fe00_0002));
-    other
-        .connect(
-            0,
-            &mut pair.rng,
-            &ConnectParams {
-                route: client_route(),
-                port: PORT,
-                src_port: 40_001,
-                qp: local_qp(CLIENT_QPN, 7),
-                path_mtu: Mtu::Mtu1024,
-                retry_count: 7,
-                traffic_class: 0,
-                hop_limit: 64,
-                private_data: &[],
-            },
-        )
-        .unwrap();
-    let stale = other.dispatch().unwrap();
+    let stale = restarted_client_req(&mut pair);
     pair.server
         .process_mad(pair.now, &mut pair.rng, forger, &stale.mad);
     assert!(matches!(
