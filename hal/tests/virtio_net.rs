@@ -7,7 +7,7 @@ mod mock;
 use std::collections::VecDeque;
 
 use hal::nic::{Nic, NicError};
-use hal::virtio::net::{NetConfig, VirtioNet, F_MAC, F_MRG_RXBUF, HEADER_LEN, MAX_FRAME_LEN};
+use hal::virtio::net::{NetConfig, VirtioNet, F_MAC, F_MRG_RXBUF, F_MTU, HEADER_LEN, MAX_MTU};
 use hal::virtio::{feature, status, InitError};
 use mock::{Descriptor, Memory, MockTransport};
 
@@ -16,6 +16,8 @@ const MAC: [u8; 6] = [0x52, 0x54, 0x00, 0x12, 0x34, 0x56];
 const POOL_LEN: usize = 2 << 20;
 const REGISTERED: usize = POOL_LEN;
 const REGISTERED_LEN: usize = 64 << 10;
+/// The longest frame at the default MTU.
+const MAX_FRAME_LEN: usize = 1500 + 14;
 
 /// The device side of the loopback.
 struct Loopback {
@@ -90,14 +92,25 @@ impl Loopback {
 }
 
 fn config_space() -> Vec<u8> {
+    config_space_with_mtu(0)
+}
+
+/// The device configuration: the MAC, and `mtu` at offset 10 (read only
+/// if `VIRTIO_NET_F_MTU` is offered).
+fn config_space_with_mtu(mtu: u16) -> Vec<u8> {
     let mut config = vec![0; 12];
     config[..6].copy_from_slice(&MAC);
+    config[10..12].copy_from_slice(&mtu.to_le_bytes());
     config
 }
 
 fn setup_with(offered: u64, config: NetConfig) -> (VirtioNet<MockTransport>, Loopback) {
     let memory = Memory::new(POOL_LEN + REGISTERED_LEN);
     let transport = MockTransport::new(offered, &[256, 256], config_space());
+    assert!(
+        config.dma_bytes() <= POOL_LEN,
+        "the test pool holds the rings"
+    );
     let mut pool = memory.pool(0, POOL_LEN);
     let net = VirtioNet::new(transport.clone(), &mut pool, config).expect("device comes up");
     let loopback = Loopback {
@@ -553,6 +566,13 @@ fn dma_bytes_is_enough() {
             rx_queue_size: 64,
             tx_queue_size: 32,
             mac: None,
+            mtu: 1500,
+        },
+        NetConfig {
+            rx_queue_size: 64,
+            tx_queue_size: 32,
+            mac: None,
+            mtu: MAX_MTU,
         },
     ] {
         let memory = Memory::new(POOL_LEN);
@@ -561,4 +581,149 @@ fn dma_bytes_is_enough() {
         let mut pool = memory.pool(0, len);
         VirtioNet::new(transport, &mut pool, config).unwrap();
     }
+}
+
+/// A jumbo configuration whose rings fit the test pool.
+fn jumbo(mtu: u16) -> NetConfig {
+    NetConfig {
+        rx_queue_size: 64,
+        tx_queue_size: 64,
+        mac: None,
+        mtu,
+    }
+}
+
+#[test]
+fn jumbo_frames_round_trip_in_one_buffer_each() {
+    let (mut net, mut loopback) = setup_with(feature::VERSION_1 | F_MAC, jumbo(9000));
+    assert_eq!(net.mtu(), 9000);
+    let stride = jumbo(9000).buffer_stride();
+    assert_eq!(
+        stride, 9088,
+        "header, 9014-byte frame, VLAN tag, rounded to 64"
+    );
+    {
+        // Every RX buffer the device sees holds a whole jumbo frame.
+        let mut state = loopback.transport.0.borrow_mut();
+        let (_, chain) = state.queues[0].pop_avail(&loopback.memory).unwrap();
+        assert_eq!(chain[0].len as usize, stride);
+        let queue = &mut state.queues[0];
+        queue.last_avail = queue.last_avail.wrapping_sub(1);
+    }
+    // A RoCE frame at path MTU 4096 (4,096 + 96 bytes of headers) and the
+    // largest frame of the MTU, as a header and a payload piece.
+    let roce = frame(1, 14 + 4192);
+    let largest = frame(2, 14 + 9000);
+    net.transmit(&roce[..14], &[&roce[14..]]).unwrap();
+    net.transmit(&largest[..14], &[&largest[14..]]).unwrap();
+    net.flush();
+    assert_eq!(loopback.process_tx(), 2);
+    assert_eq!(loopback.process_rx(), 2);
+    assert_eq!(receive_all(&mut net), vec![roce, largest]);
+    let over = vec![0; 9000 + 1];
+    assert_eq!(
+        net.transmit(&[0; 14], &[&over]),
+        Err(NicError::FrameTooLong)
+    );
+    assert_eq!(net.stats().rx_bad_length, 0);
+}
+
+#[test]
+fn mtu_out_of_range_is_refused() {
+    for mtu in [0, 575, MAX_MTU + 1, u16::MAX] {
+        let memory = Memory::new(POOL_LEN);
+        let transport = MockTransport::new(feature::VERSION_1 | F_MAC, &[256, 256], config_space());
+        let mut pool = memory.pool(0, POOL_LEN);
+        let error = VirtioNet::new(transport, &mut pool, jumbo(mtu)).unwrap_err();
+        assert_eq!(error, InitError::BadConfig, "MTU {mtu}");
+    }
+}
+
+#[test]
+fn device_mtu_bounds_the_configured_mtu() {
+    let offered = feature::VERSION_1 | F_MAC | F_MTU;
+    // The device carries 4200 at most: 9000 is refused with both numbers.
+    let memory = Memory::new(POOL_LEN);
+    let transport = MockTransport::new(offered, &[256, 256], config_space_with_mtu(4200));
+    let mut pool = memory.pool(0, POOL_LEN);
+    let error = VirtioNet::new(transport.clone(), &mut pool, jumbo(9000)).unwrap_err();
+    assert_eq!(
+        error,
+        InitError::MtuAboveDevice {
+            wanted: 9000,
+            device: 4200
+        }
+    );
+    assert!(error.to_string().contains("MTU 9000 wanted"), "{error}");
+    assert_ne!(transport.0.borrow().status & status::FAILED, 0);
+    // Up to the device's MTU is fine, and F_MTU is then negotiated.
+    let transport = MockTransport::new(offered, &[256, 256], config_space_with_mtu(4200));
+    let net = VirtioNet::new(transport, &mut pool, jumbo(4200)).unwrap();
+    assert_ne!(net.features() & F_MTU, 0);
+    assert_eq!(net.mtu(), 4200);
+}
+
+/// Queues zero-copy RoCE-shaped frames (header, registered payload,
+/// trailer) on a 16-descriptor TX ring until it is busy; returns how many
+/// fit and the loopback.
+fn fill_ring_with_gathered_frames(offered: u64) -> (usize, VirtioNet<MockTransport>, Loopback) {
+    let config = NetConfig {
+        tx_queue_size: 16,
+        ..NetConfig::default()
+    };
+    let (mut net, loopback) = setup_with(offered, config);
+    let window = loopback.memory.window(REGISTERED, REGISTERED_LEN);
+    // SAFETY: the window is guest memory that outlives the driver (the
+    // loopback keeps the `Rc<Memory>`), at the bus addresses it names.
+    assert!(unsafe { net.add_zero_copy_window(window) });
+    let memory = loopback.memory.clone();
+    let registered = memory.bytes(REGISTERED, REGISTERED_LEN);
+    let mut queued = 0;
+    loop {
+        let payload = &registered[1024 * (queued % 32)..][..1024];
+        match net.transmit(&frame(queued as u32, 62), &[payload, &[1, 2, 3, 4]]) {
+            Ok(()) => queued += 1,
+            Err(NicError::Busy) => break,
+            Err(other) => panic!("{other}"),
+        }
+    }
+    (queued, net, loopback)
+}
+
+#[test]
+fn indirect_descriptors_keep_a_gathered_frame_to_one_ring_slot() {
+    let with = feature::VERSION_1 | F_MAC | feature::RING_INDIRECT_DESC;
+    let (queued, mut net, mut loopback) = fill_ring_with_gathered_frames(with);
+    assert_ne!(net.features() & feature::RING_INDIRECT_DESC, 0);
+    assert_eq!(queued, 16, "one ring descriptor per frame");
+    net.flush();
+    assert_eq!(loopback.process_tx(), 16);
+    assert_eq!(loopback.transport.0.borrow().queues[1].indirect_chains, 16);
+    // Each chain is the bounced header run, the payload in place and the
+    // bounced trailer, as without indirect tables.
+    let registered_phys = mock::PHYS_BASE + REGISTERED as u64;
+    for (index, chain) in loopback.tx_chains.iter().enumerate() {
+        let lens: Vec<u32> = chain.iter().map(|d| d.len).collect();
+        assert_eq!(lens, [12 + 62, 1024, 4]);
+        assert_eq!(chain[1].address, registered_phys + 1024 * index as u64);
+    }
+    loopback.process_rx();
+    let frames = receive_all(&mut net);
+    assert_eq!(frames.len(), 16);
+    let registered = loopback.memory.bytes(REGISTERED, REGISTERED_LEN);
+    assert_eq!(
+        frames[3],
+        [&frame(3, 62)[..], &registered[3072..4096], &[1, 2, 3, 4]].concat()
+    );
+    // The slots are the heads': after the device returned them, the ring
+    // takes a full ring of frames again.
+    assert_eq!(net.tx_in_flight(), 0);
+    for seq in 0..16 {
+        net.transmit(&frame(seq, 62), &[&registered[..1024], &[9; 4]])
+            .unwrap();
+    }
+
+    // Without the feature a frame takes three descriptors.
+    let (queued, _net, _loopback) = fill_ring_with_gathered_frames(feature::VERSION_1 | F_MAC);
+    assert_eq!(queued, 5);
 }

@@ -54,7 +54,7 @@ pub mod status {
 
 /// Device-independent feature bits (§6).
 pub mod feature {
-    /// Descriptors may point to indirect tables (not used).
+    /// Descriptors may point to indirect tables (virtio-net's TX queue).
     pub const RING_INDIRECT_DESC: u64 = 1 << 28;
     /// The used/avail event index mechanism (not used).
     pub const RING_EVENT_IDX: u64 = 1 << 29;
@@ -83,8 +83,16 @@ pub enum InitError {
     /// Not enough DMA memory for the rings and buffers.
     Dma(crate::dma::DmaError),
     /// The configuration is unusable (a zero size or depth, a block size
-    /// that is not a power of two, a capacity that overflows).
+    /// that is not a power of two, a capacity that overflows, an MTU out of
+    /// range).
     BadConfig,
+    /// The configured MTU is above the largest the device reports.
+    MtuAboveDevice {
+        /// The configured IP MTU.
+        wanted: u16,
+        /// The device's largest (`VIRTIO_NET_F_MTU`).
+        device: u16,
+    },
 }
 
 impl core::fmt::Display for InitError {
@@ -103,6 +111,10 @@ impl core::fmt::Display for InitError {
             Self::QueueTooSmall(queue) => write!(f, "virtqueue {queue} is too small"),
             Self::Dma(error) => write!(f, "DMA memory: {error}"),
             Self::BadConfig => f.write_str("unusable device or driver configuration"),
+            Self::MtuAboveDevice { wanted, device } => write!(
+                f,
+                "MTU {wanted} wanted, the device carries {device} at most (QEMU: host_mtu=)"
+            ),
         }
     }
 }

@@ -2,15 +2,31 @@
 //!
 //! Features: `VIRTIO_F_VERSION_1` (mandatory; the header is then the
 //! 12-byte `virtio_net_hdr` with `num_buffers`), `VIRTIO_NET_F_MAC` (the MAC
-//! from device configuration; without it the caller must supply one). Not
-//! negotiated: mergeable RX buffers, checksum and segmentation offloads,
-//! control queue, link status (the link is assumed up), MTU (1500).
+//! from device configuration; without it the caller must supply one),
+//! `VIRTIO_NET_F_MTU` when offered (the device's largest MTU: a configured
+//! MTU above it is refused), `VIRTIO_F_INDIRECT_DESC` when offered (a
+//! gathered frame takes one TX descriptor, see Transmit). Not negotiated: mergeable RX buffers, checksum
+//! and segmentation offloads, control queue, link status (the link is
+//! assumed up).
+//!
+//! # MTU
+//!
+//! [`NetConfig::mtu`] is the IP MTU, [`DEFAULT_MTU`] (1500) up to
+//! [`MAX_MTU`] (9000, jumbo frames: a 4096-byte RoCE path MTU needs an IP
+//! MTU of 4,192 or more, RDMA CM's rule). Without mergeable RX buffers every RX buffer
+//! holds a whole frame (VIRTIO 1.1 §5.1.6.3.1: the device drops a frame
+//! that does not fit one buffer), so the buffers are sized for the MTU:
+//! [`NetConfig::buffer_stride`] is the 12-byte header, the frame and a
+//! VLAN tag rounded up to 64 bytes (1,536 at MTU 1500, 9,088 at 9000).
+//! A received frame is then always contiguous and lent in place; mergeable
+//! buffers would split a jumbo frame over several 1,536-byte buffers that
+//! the engine would have to copy together.
 //!
 //! # Receive
 //!
-//! Queue 0. Every descriptor has its own RX buffer of [`BUFFER_STRIDE`]
-//! bytes (12-byte header + up to 1514-byte frame + VLAN room), all posted at
-//! start: buffer `i` always goes with descriptor `i`. [`Nic::receive`] takes
+//! Queue 0. Every descriptor has its own RX buffer of
+//! [`NetConfig::buffer_stride`] bytes, all posted at start: buffer `i`
+//! always goes with descriptor `i`. [`Nic::receive`] takes
 //! one used buffer, lends the frame (after the header) to the closure —
 //! the device returned the buffer, so it does not write it — and re-posts
 //! it. Re-posted buffers are published in batches of [`RX_PUBLISH_BATCH`]
@@ -20,10 +36,13 @@
 //! # Transmit
 //!
 //! Queue 1. A frame is one chain: the zeroed virtio header followed by the
-//! caller's pieces. A piece that lies inside a registered zero-copy window
+//! caller's pieces. With indirect descriptors the chain lives in the head's
+//! indirect table and takes one ring descriptor however many pieces it has
+//! (QEMU offers them by default), so zero copy does not cut the frames the
+//! ring holds from 256 to 85 (a RoCE frame is header, payload and ICRC). A piece that lies inside a registered zero-copy window
 //! ([`VirtioNet::add_zero_copy_window`]) gets its own descriptor pointing at
 //! it; runs of other pieces are copied, with the header, into the chain's
-//! bounce slot (one slot of [`BUFFER_STRIDE`] bytes per descriptor, keyed by
+//! bounce slot (one slot of the buffer stride per descriptor, keyed by
 //! the head id, so an in-flight chain's slot is never reused). Chains are
 //! published at once but the doorbell is batched: [`VirtioNet::flush`]
 //! rings it (at most once), and [`Nic::receive`] and every
@@ -54,17 +73,22 @@ use crate::nic::{Nic, NicError, ETHERNET_HEADER_LEN};
 
 /// `VIRTIO_NET_F_MAC`: the device has a MAC address in its configuration.
 pub const F_MAC: u64 = 1 << 5;
+/// `VIRTIO_NET_F_MTU`: the device reports its largest MTU (§5.1.3).
+pub const F_MTU: u64 = 1 << 3;
 /// `VIRTIO_NET_F_MRG_RXBUF` (never negotiated).
 pub const F_MRG_RXBUF: u64 = 1 << 15;
 /// The virtio-net header with `VIRTIO_F_VERSION_1` (§5.1.6).
 pub const HEADER_LEN: usize = 12;
-/// The IP MTU.
-pub const MTU: usize = 1500;
-/// The longest frame sent or received (no VLAN tag on transmit).
-pub const MAX_FRAME_LEN: usize = MTU + ETHERNET_HEADER_LEN;
-/// Bytes per RX buffer and per TX bounce slot: header, frame, a VLAN tag
-/// and padding.
-pub const BUFFER_STRIDE: usize = 1536;
+/// The IP MTU unless configured otherwise.
+pub const DEFAULT_MTU: u16 = 1500;
+/// The smallest IP MTU the driver accepts (IPv4's minimum datagram).
+pub const MIN_MTU: u16 = 576;
+/// The largest IP MTU the driver accepts (jumbo frames).
+pub const MAX_MTU: u16 = 9000;
+/// Room for one VLAN tag in a received frame.
+const VLAN_TAG_LEN: usize = 4;
+/// Offset of `mtu` (le16) in the device configuration (§5.1.4).
+const CONFIG_MTU: usize = 10;
 /// Re-posted RX buffers published together.
 pub const RX_PUBLISH_BATCH: u16 = 16;
 /// Frames after which transmit rings the doorbell itself.
@@ -90,6 +114,9 @@ pub struct NetConfig {
     /// The MAC if the device does not offer `VIRTIO_NET_F_MAC` (or to
     /// override it).
     pub mac: Option<[u8; 6]>,
+    /// The IP MTU, [`MIN_MTU`]..=[`MAX_MTU`]: frames of up to
+    /// `mtu + 14` bytes are sent, and received with a VLAN tag.
+    pub mtu: u16,
 }
 
 impl Default for NetConfig {
@@ -98,18 +125,32 @@ impl Default for NetConfig {
             rx_queue_size: 256,
             tx_queue_size: 256,
             mac: None,
+            mtu: DEFAULT_MTU,
         }
     }
 }
 
 impl NetConfig {
+    /// Bytes per RX buffer and per TX bounce slot: the virtio header, a
+    /// frame of the MTU, a VLAN tag, rounded up to 64 bytes.
+    pub fn buffer_stride(&self) -> usize {
+        (HEADER_LEN + ETHERNET_HEADER_LEN + VLAN_TAG_LEN + usize::from(self.mtu))
+            .next_multiple_of(64)
+    }
+
+    /// The longest frame transmitted (no VLAN tag on transmit).
+    pub fn max_frame_len(&self) -> usize {
+        usize::from(self.mtu) + ETHERNET_HEADER_LEN
+    }
+
     /// DMA bytes [`VirtioNet::new`] takes from the pool at most (rings,
     /// buffers and alignment padding).
     pub fn dma_bytes(&self) -> usize {
         let ring = |size: usize| 16 * size + 4 + 2 * size + 4 + 8 * size + 32;
         let rx = usize::from(self.rx_queue_size);
         let tx = usize::from(self.tx_queue_size);
-        ring(rx) + ring(tx) + (rx + tx) * BUFFER_STRIDE + 2 * 64
+        let indirect = SplitQueue::indirect_bytes(self.tx_queue_size, MAX_TX_SEGMENTS as u16) + 16;
+        ring(rx) + ring(tx) + (rx + tx) * self.buffer_stride() + 2 * 64 + indirect
     }
 }
 
@@ -144,6 +185,10 @@ pub struct VirtioNet<T: VirtioTransport> {
     transport: T,
     mac: [u8; 6],
     features: u64,
+    /// The IP MTU.
+    mtu: usize,
+    /// Bytes per RX buffer and TX bounce slot.
+    stride: usize,
     rx: SplitQueue,
     rx_buffers: DmaSlice,
     /// Re-posted, unpublished RX buffers.
@@ -165,14 +210,30 @@ impl<T: VirtioTransport> VirtioNet<T> {
     /// [`InitError::MissingFeatures`] (no `VERSION_1`, or no MAC and none
     /// in `config`), [`InitError::FeaturesRejected`],
     /// [`InitError::QueueUnavailable`], [`InitError::QueueTooSmall`],
-    /// [`InitError::Dma`]. The device is left FAILED or reset.
+    /// [`InitError::Dma`], [`InitError::BadConfig`] (an MTU outside
+    /// [`MIN_MTU`]..=[`MAX_MTU`]), [`InitError::MtuAboveDevice`]. The
+    /// device is left FAILED or reset.
     pub fn new(mut transport: T, pool: &mut DmaPool, config: NetConfig) -> Result<Self, InitError> {
+        if !(MIN_MTU..=MAX_MTU).contains(&config.mtu) {
+            return Err(InitError::BadConfig);
+        }
         let required = feature::VERSION_1 | if config.mac.is_some() { 0 } else { F_MAC };
-        let features = negotiate(&mut transport, required, F_MAC)?;
+        let optional = F_MAC | F_MTU | feature::RING_INDIRECT_DESC;
+        let features = negotiate(&mut transport, required, optional)?;
         let mac = match config.mac {
             Some(mac) => mac,
             None => read_config_bytes::<_, 6>(&mut transport, 0),
         };
+        if features & F_MTU != 0 {
+            let device = u16::from_le_bytes(read_config_bytes::<_, 2>(&mut transport, CONFIG_MTU));
+            if config.mtu > device {
+                transport.set_status(super::status::FAILED);
+                return Err(InitError::MtuAboveDevice {
+                    wanted: config.mtu,
+                    device,
+                });
+            }
+        }
         match Self::set_up(transport, pool, config, features, mac) {
             Ok(net) => Ok(net),
             Err((mut transport, error)) => {
@@ -210,9 +271,13 @@ impl<T: VirtioTransport> VirtioNet<T> {
             let rx_size = size(&mut transport, RX_QUEUE, config.rx_queue_size)?;
             let tx_size = size(&mut transport, TX_QUEUE, config.tx_queue_size)?;
             let rx = SplitQueue::new(pool, RX_QUEUE, rx_size)?;
-            let tx = SplitQueue::new(pool, TX_QUEUE, tx_size)?;
-            let rx_buffers = pool.alloc(usize::from(rx_size) * BUFFER_STRIDE, 64)?;
-            let tx_bounce = pool.alloc(usize::from(tx_size) * BUFFER_STRIDE, 64)?;
+            let mut tx = SplitQueue::new(pool, TX_QUEUE, tx_size)?;
+            if features & feature::RING_INDIRECT_DESC != 0 {
+                tx.enable_indirect(pool, MAX_TX_SEGMENTS as u16)?;
+            }
+            let stride = config.buffer_stride();
+            let rx_buffers = pool.alloc(usize::from(rx_size) * stride, 64)?;
+            let tx_bounce = pool.alloc(usize::from(tx_size) * stride, 64)?;
             Ok::<_, InitError>((rx, tx, rx_buffers, tx_bounce))
         })();
         let (rx, tx, rx_buffers, tx_bounce) = match built {
@@ -227,6 +292,8 @@ impl<T: VirtioTransport> VirtioNet<T> {
             transport,
             mac,
             features,
+            mtu: usize::from(config.mtu),
+            stride: config.buffer_stride(),
             rx,
             rx_buffers,
             rx_unpublished: 0,
@@ -339,8 +406,8 @@ impl<T: VirtioTransport> VirtioNet<T> {
             return false;
         };
         let segment = Segment {
-            address: self.rx_buffers.phys_at(usize::from(head) * BUFFER_STRIDE),
-            len: BUFFER_STRIDE as u32,
+            address: self.rx_buffers.phys_at(usize::from(head) * self.stride),
+            len: self.stride as u32,
             device_writes: true,
         };
         if self.rx.push(&[segment]).is_err() {
@@ -373,7 +440,7 @@ impl<T: VirtioTransport> Nic for VirtioNet<T> {
     }
 
     fn mtu(&self) -> usize {
-        MTU
+        self.mtu
     }
 
     /// Takes one used RX buffer (skipping, and counting, buffers with an
@@ -390,11 +457,11 @@ impl<T: VirtioTransport> Nic for VirtioNet<T> {
                 }
                 return Ok(None);
             };
-            let offset = usize::from(used.head) * BUFFER_STRIDE;
+            let offset = usize::from(used.head) * self.stride;
             let frame_len = used
                 .len
                 .and_then(|len| (len as usize).checked_sub(HEADER_LEN))
-                .filter(|len| *len <= BUFFER_STRIDE - HEADER_LEN);
+                .filter(|len| *len <= self.stride - HEADER_LEN);
             let Some(frame_len) = frame_len else {
                 self.stats.rx_bad_length += 1;
                 self.post_rx_buffer();
@@ -418,7 +485,7 @@ impl<T: VirtioTransport> Nic for VirtioNet<T> {
         let total = payload
             .iter()
             .try_fold(header.len(), |sum, piece| sum.checked_add(piece.len()));
-        if total.is_none_or(|total| total > MAX_FRAME_LEN) {
+        if total.is_none_or(|total| total > self.mtu + ETHERNET_HEADER_LEN) {
             return Err(NicError::FrameTooLong);
         }
         if self.tx.free_descriptors() < MAX_TX_SEGMENTS as u16 {
@@ -428,7 +495,7 @@ impl<T: VirtioTransport> Nic for VirtioNet<T> {
             self.stats.tx_busy += 1;
             return Err(NicError::Busy);
         };
-        let slot = usize::from(head) * BUFFER_STRIDE;
+        let slot = usize::from(head) * self.stride;
         let mut segments = [Segment {
             address: 0,
             len: 0,

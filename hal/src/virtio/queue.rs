@@ -53,6 +53,17 @@
 //! which is enough: an interrupt only wakes the loop, which polls anyway.
 //! This is the re-check loop of §2.6.14, split between the two calls.
 //!
+//! # Indirect descriptors
+//!
+//! With `VIRTIO_F_INDIRECT_DESC` negotiated, a driver may give the queue a
+//! table of indirect descriptors ([`SplitQueue::enable_indirect`], §2.6.5.3):
+//! a chain of several segments is then written into the table slot of its
+//! head and takes one ring descriptor (flags `INDIRECT`, pointing at the
+//! slot), so a frame gathered from a header, a payload in registered memory
+//! and a trailer costs one descriptor instead of three and the ring holds
+//! as many frames as it has descriptors. The slot is the head's, so it is
+//! rewritten only after the device returned the chain.
+//!
 //! Notifications honour `VIRTQ_USED_F_NO_NOTIFY`; event indices
 //! (`VIRTIO_F_EVENT_IDX`) are not negotiated, so the flags are the whole
 //! mechanism in both directions.
@@ -68,6 +79,8 @@ use crate::dma::{DmaPool, DmaSlice};
 const DESC_F_NEXT: u16 = 1;
 /// Descriptor flag: the device writes this buffer.
 const DESC_F_WRITE: u16 = 2;
+/// Descriptor flag: the buffer is a table of indirect descriptors.
+const DESC_F_INDIRECT: u16 = 4;
 /// Available ring flag: do not interrupt us.
 const AVAIL_F_NO_INTERRUPT: u16 = 1;
 /// Used ring flag: the device does not want notifications now.
@@ -158,6 +171,9 @@ pub struct SplitQueue {
     last_used: u16,
     /// Whether `VIRTQ_AVAIL_F_NO_INTERRUPT` is clear (interrupts wanted).
     interrupts: bool,
+    /// Indirect tables, one slot of `indirect_len` descriptors per head.
+    indirect: Option<DmaSlice>,
+    indirect_len: u16,
     stats: QueueStats,
 }
 
@@ -199,8 +215,44 @@ impl SplitQueue {
             unnotified: false,
             last_used: 0,
             interrupts: false,
+            indirect: None,
+            indirect_len: 0,
             stats: QueueStats::default(),
         })
+    }
+
+    /// Bytes [`enable_indirect`](Self::enable_indirect) takes from the pool
+    /// for a queue of `size` with chains of up to `segments` segments.
+    pub const fn indirect_bytes(size: u16, segments: u16) -> usize {
+        16 * size as usize * segments as usize
+    }
+
+    /// Allocates one indirect table of `segments` descriptors per head from
+    /// `pool`: from then on [`push`](Self::push) writes chains of 2 to
+    /// `segments` segments there and uses one ring descriptor each. Only
+    /// for a device that negotiated `VIRTIO_F_INDIRECT_DESC`.
+    ///
+    /// # Errors
+    ///
+    /// [`InitError::BadConfig`](super::InitError::BadConfig) for fewer than
+    /// 2 segments, [`InitError::Dma`](super::InitError::Dma) if the pool is
+    /// short.
+    pub fn enable_indirect(
+        &mut self,
+        pool: &mut DmaPool,
+        segments: u16,
+    ) -> Result<(), super::InitError> {
+        if segments < 2 {
+            return Err(super::InitError::BadConfig);
+        }
+        self.indirect = Some(pool.alloc(Self::indirect_bytes(self.size, segments), 16)?);
+        self.indirect_len = segments;
+        Ok(())
+    }
+
+    /// Whether chains go through indirect tables.
+    pub fn uses_indirect(&self) -> bool {
+        self.indirect.is_some()
     }
 
     /// Tells the device where the rings are and enables the queue.
@@ -249,11 +301,22 @@ impl SplitQueue {
     /// # Errors
     ///
     /// [`PushError::Full`] if fewer than `segments.len()` descriptors are
-    /// free, [`PushError::BadChain`] if `segments` is empty or longer than
+    /// free (one, for a chain that goes through an indirect table),
+    /// [`PushError::BadChain`] if `segments` is empty or longer than
     /// the queue. Nothing is written then.
     pub fn push(&mut self, segments: &[Segment]) -> Result<u16, PushError> {
         if segments.is_empty() || segments.len() > usize::from(self.size) {
             return Err(PushError::BadChain);
+        }
+        if segments.len() >= 2 && segments.len() <= usize::from(self.indirect_len) {
+            if self.free_count == 0 {
+                return Err(PushError::Full);
+            }
+            if let Some(table) = self.indirect.take() {
+                let head = self.push_indirect(&table, segments);
+                self.indirect = Some(table);
+                return Ok(head);
+            }
         }
         if segments.len() > usize::from(self.free_count) {
             return Err(PushError::Full);
@@ -290,6 +353,46 @@ impl SplitQueue {
         self.avail.write_u16(4 + 2 * slot, head);
         self.avail_idx = self.avail_idx.wrapping_add(1);
         Ok(head)
+    }
+
+    /// Writes `segments` (2..=`indirect_len`, checked by the caller) into
+    /// the indirect slot of the next free head and makes that head one
+    /// descriptor pointing at it (§2.6.5.3.1: the table's descriptors
+    /// chain by index within the table, none is itself indirect, and the
+    /// ring descriptor has neither NEXT nor WRITE).
+    fn push_indirect(&mut self, table: &DmaSlice, segments: &[Segment]) -> u16 {
+        let head = self.free_head;
+        let base = usize::from(head) * usize::from(self.indirect_len) * 16;
+        let mut writable = 0u32;
+        for (position, segment) in segments.iter().enumerate() {
+            let last = position + 1 == segments.len();
+            let mut flags = if last { 0 } else { DESC_F_NEXT };
+            if segment.device_writes {
+                flags |= DESC_F_WRITE;
+                writable = writable.saturating_add(segment.len);
+            }
+            let offset = base + 16 * position;
+            table.write_u64(offset, segment.address);
+            table.write_u32(offset + 8, segment.len);
+            table.write_u16(offset + 12, flags);
+            table.write_u16(offset + 14, if last { 0 } else { position as u16 + 1 });
+        }
+        let offset = 16 * usize::from(head);
+        self.descriptors.write_u64(offset, table.phys_at(base));
+        self.descriptors
+            .write_u32(offset + 8, 16 * segments.len() as u32);
+        self.descriptors.write_u16(offset + 12, DESC_F_INDIRECT);
+        self.descriptors.write_u16(offset + 14, 0);
+        self.free_head = self.next[usize::from(head)];
+        self.free_count -= 1;
+        self.chains[usize::from(head)] = Chain {
+            descriptors: 1,
+            writable,
+        };
+        let slot = usize::from(self.avail_idx % self.size);
+        self.avail.write_u16(4 + 2 * slot, head);
+        self.avail_idx = self.avail_idx.wrapping_add(1);
+        head
     }
 
     /// Makes every pushed chain visible to the device: a release fence,

@@ -162,6 +162,8 @@ pub struct DeviceQueue {
     pub addresses: Option<QueueAddresses>,
     pub last_avail: u16,
     pub used_idx: u16,
+    /// Chains that came through an indirect table.
+    pub indirect_chains: u64,
 }
 
 impl DeviceQueue {
@@ -186,6 +188,36 @@ impl DeviceQueue {
             assert!(chain.len() < usize::from(self.size), "descriptor loop");
             let at = addresses.descriptors + 16 * u64::from(id);
             let flags = memory.read_u16(at + 12);
+            if flags & 4 != 0 {
+                // An indirect table (§2.6.5.3): alone in its chain, neither
+                // NEXT nor WRITE, a whole number of descriptors; its own
+                // descriptors chain by index within the table.
+                assert!(chain.is_empty(), "an indirect descriptor inside a chain");
+                assert_eq!(flags, 4, "an indirect descriptor with NEXT or WRITE");
+                let table = memory.read_u64(at);
+                let len = memory.read_u32(at + 8);
+                assert!(len >= 16 && len % 16 == 0, "indirect table of {len} bytes");
+                self.indirect_chains += 1;
+                let entries = (len / 16) as u16;
+                let mut index = 0u16;
+                loop {
+                    assert!(chain.len() < usize::from(entries), "indirect loop");
+                    let at = table + 16 * u64::from(index);
+                    let flags = memory.read_u16(at + 12);
+                    assert_eq!(flags & 4, 0, "an indirect descriptor in a table");
+                    chain.push(Descriptor {
+                        address: memory.read_u64(at),
+                        len: memory.read_u32(at + 8),
+                        writable: flags & 2 != 0,
+                    });
+                    if flags & 1 == 0 {
+                        break;
+                    }
+                    index = memory.read_u16(at + 14);
+                    assert!(index < entries, "indirect chain leaves its table");
+                }
+                break;
+            }
             chain.push(Descriptor {
                 address: memory.read_u64(at),
                 len: memory.read_u32(at + 8),
@@ -357,8 +389,7 @@ impl VirtioTransport for MockTransport {
         state.queues[usize::from(queue)] = DeviceQueue {
             size,
             addresses: Some(addresses),
-            last_avail: 0,
-            used_idx: 0,
+            ..DeviceQueue::default()
         };
     }
 
