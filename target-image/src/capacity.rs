@@ -84,6 +84,16 @@ pub fn virtio_blk_config(config: &ServerConfig) -> hal::virtio::blk::BlkConfig {
     }
 }
 
+/// How the image drives the virtio-net NIC of an interface of IP MTU
+/// `mtu`: the driver's default rings, RX buffers and bounce slots sized for
+/// the MTU (jumbo frames take 9 KiB buffers: a path MTU of 4096).
+pub fn virtio_net_config(mtu: u16) -> hal::virtio::net::NetConfig {
+    hal::virtio::net::NetConfig {
+        mtu,
+        ..hal::virtio::net::NetConfig::default()
+    }
+}
+
 /// Path chunk pools one HCA holds ([`manifest::Capacity::path_pools`]).
 pub fn path_pools(config: &ServerConfig) -> u64 {
     capacity(config, 1).path_pools

@@ -121,6 +121,7 @@ mod volumes;
 
 pub use capacity::{
     arena_bytes, hca_capacity, max_requests, path_pools, server_config, virtio_blk_config,
+    virtio_net_config,
 };
 pub use engine::{Engine, EngineHca, HcaEngine, Transmit};
 pub use error::BuildError;

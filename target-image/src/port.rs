@@ -29,6 +29,14 @@ pub trait Port: Verbs {
         true
     }
 
+    /// The registered memory the port's frames carry payloads from, as
+    /// addresses, for a NIC driver that can send from it in place (the
+    /// image's virtio-net: `VirtioNet::add_zero_copy_window`). `None` for
+    /// a device that moves its own data.
+    fn registered_memory(&self) -> Option<core::ops::Range<usize>> {
+        None
+    }
+
     /// The device's counters, on one line without a newline.
     ///
     /// # Errors
@@ -70,6 +78,12 @@ impl<K: KeySource> Port for EngineHca<K> {
 
     fn poll_at(&self, now: u64) -> Option<u64> {
         roce::hca::Hca::poll_at(self, now)
+    }
+
+    fn registered_memory(&self) -> Option<core::ops::Range<usize>> {
+        let bytes = self.arena().bytes();
+        let start = bytes.as_ptr() as usize;
+        Some(start..start + bytes.len())
     }
 
     fn retransmissions(&self, conn: ConnId) -> Option<u64> {

@@ -477,16 +477,6 @@ fn vm_suite(
             skipped += 1;
             continue;
         }
-        if kind.max_mtu().is_some_and(|max| case.mtu > max) {
-            println!(
-                "vm {} {} ... skipped: the target carries an MTU of {} at most",
-                kind.name(),
-                case.name,
-                kind.max_mtu().unwrap_or_default()
-            );
-            skipped += 1;
-            continue;
-        }
         let mut extra_files = Vec::new();
         if case.rxe_cli {
             match rxe_cli.get_or_insert_with(|| crate::initiator_rxe::cli_files(images)) {

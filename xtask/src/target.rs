@@ -165,15 +165,6 @@ impl TargetKind {
         }
     }
 
-    /// The largest link MTU it serves, if limited (the image's virtio-net
-    /// driver: 1500, no mergeable RX buffers).
-    pub fn max_mtu(self) -> Option<u32> {
-        match self {
-            TargetKind::BrickImage | TargetKind::BrickUefi => Some(1500),
-            _ => None,
-        }
-    }
-
     /// Whether the client's first ARP request gets the second reply that
     /// wakes a Linux client's queued resolution, so a first map must not
     /// hang on its missed neighbour update: Brick's own stack answers twice,

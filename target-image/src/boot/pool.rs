@@ -7,7 +7,9 @@
 //!
 //! 1. a boot heap of [`BOOT_HEAP_BYTES`] (the manifest blob, boot tables);
 //! 2. the pool, [`PoolPlan::bytes`] long, [`POOL_ALIGN`]-aligned:
-//!    [`RING_BYTES`] for NIC rings and frame buffers, plus the rings and
+//!    [`RING_BYTES`] for NIC rings and frame buffers (or what the
+//!    interfaces' virtio-net drivers take, [`crate::virtio_net_config`], if
+//!    that is more: jumbo frames need 9 KiB buffers), plus the rings and
 //!    bounce slots of each virtio-blk volume ([`crate::virtio_blk_config`])
 //!    and of each NVMe volume ([`nvme_queue_config`], plus
 //!    [`NVME_CONTROLLER_BYTES`] for its controller's admin queue, counted
@@ -25,7 +27,7 @@ use manifest::binary::{Backing, Manifest, PoolBacking};
 
 /// The heap before the manifest is known.
 pub const BOOT_HEAP_BYTES: u64 = 8 << 20;
-/// Bytes reserved in the pool for NIC rings and frame buffers.
+/// Bytes reserved in the pool for NIC rings and frame buffers, at least.
 pub const RING_BYTES: u64 = 16 << 20;
 /// Pool alignment (a 2 MiB page, so it can be mapped with large pages).
 pub const POOL_ALIGN: u64 = 2 << 20;
@@ -91,8 +93,12 @@ impl PoolPlan {
                     })
                     .fold(0u64, u64::saturating_add),
             );
+        let nics = manifest
+            .interfaces()
+            .map(|interface| crate::virtio_net_config(interface.mtu).dma_bytes() as u64)
+            .fold(0u64, u64::saturating_add);
         PoolPlan {
-            rings: RING_BYTES.saturating_add(disks),
+            rings: RING_BYTES.max(nics).saturating_add(disks),
             disks,
             arenas: per_interface.saturating_mul(manifest.interface_count() as u64),
             tables: memory.total().saturating_sub(memory.chunks),
@@ -172,5 +178,33 @@ mod tests {
         assert_eq!(plan.guest_mib(32 << 20, 64), mib.div_ceil(1 << 20) + 64);
         // xtask's `guest_mib` counts the same way and pins the same number.
         assert_eq!(plan.guest_mib(32 << 20, 64), GUEST_MIB_EXAMPLE);
+    }
+
+    #[test]
+    fn test_jumbo_interfaces_grow_the_nic_share() {
+        let toml = include_str!("../../../examples/two-ram-volumes.toml");
+        let plan = |toml: &str| {
+            let blob = manifest::compile(toml, "m.toml")
+                .unwrap()
+                .to_binary()
+                .unwrap();
+            PoolPlan::for_manifest(&Manifest::parse(&blob).unwrap())
+        };
+        // One interface at 9000 fits the fixed share (4.7 MiB of buffers).
+        let one = toml.replacen("[[interfaces]]", "[[interfaces]]\nmtu = 9000", 1);
+        assert_eq!(plan(&one).rings, RING_BYTES);
+        // Four take more than it: each NIC's rings and 512 buffers of
+        // 9,088 bytes (and its indirect tables) are counted.
+        let mut four = one.clone();
+        for n in 1..4 {
+            four += &std::format!(
+                "\n[[interfaces]]\nname = \"eth{n}\"\nmac = \"52:54:00:00:00:1{n}\"\n\
+                 address = \"10.9.{n}.1/24\"\nmtu = 9000\n"
+            );
+        }
+        let per_nic = crate::virtio_net_config(9000).dma_bytes() as u64;
+        assert!(per_nic > 512 * 9088, "{per_nic}");
+        assert_eq!(plan(&four).rings, 4 * per_nic);
+        assert!(plan(&four).bytes() > RING_BYTES);
     }
 }

@@ -145,6 +145,12 @@ impl<S: AsRef<[u8]> + AsMut<[u8]>, const N: usize> Arena<S, N> {
         self.storage.as_ref().len()
     }
 
+    /// The pool's bytes where they lie: a NIC driver that sends payloads
+    /// from registered memory in place translates this range once.
+    pub fn bytes(&self) -> &[u8] {
+        self.storage.as_ref()
+    }
+
     /// Number of live buffers.
     pub fn buffers(&self) -> usize {
         self.order.len()

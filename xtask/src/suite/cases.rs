@@ -78,12 +78,20 @@ pub(super) fn rping_linux(bed: &mut Bed) -> Result<()> {
     Ok(())
 }
 
-/// MTU 9000 gives rxe a 4096-byte path MTU: frames above 4 KiB cross the link.
+/// MTU 9000 gives rxe a 4096-byte path MTU: frames above 4 KiB cross the
+/// link both ways (the client's writes, the target's read data).
 pub(super) fn jumbo_verify(bed: &mut Bed) -> Result<()> {
     verify_case(bed, "128k", "8M", "")?;
-    let largest = bed.relays[0].stats(crate::relay::A_TO_B).largest;
-    if largest < 4096 + 14 + 20 + 8 + 12 {
-        bail!("with MTU 9000 the largest frame was {largest} bytes: no 4096-byte path MTU");
+    for (direction, name) in [
+        (crate::relay::A_TO_B, "initiator to target"),
+        (crate::relay::B_TO_A, "target to initiator"),
+    ] {
+        let largest = bed.relays[0].stats(direction).largest;
+        if largest < 4096 + 14 + 20 + 8 + 12 {
+            bail!(
+                "with MTU 9000 the largest frame {name} was {largest} bytes: no 4096-byte path MTU"
+            );
+        }
     }
     Ok(())
 }

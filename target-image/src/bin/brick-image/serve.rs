@@ -71,7 +71,7 @@ use alloc::vec::Vec;
 use core::fmt;
 
 use hal::block::{BlockDevice, Either};
-use hal::dma::{DmaPool, DmaRegion};
+use hal::dma::{DmaPool, DmaRegion, DmaWindow};
 use hal::nvme::regs::MmioRegisters;
 use hal::nvme::{ControllerConfig, NvmeController, NvmeNamespace};
 use hal::pci::{Bar, Function, Intx, Mechanism};
@@ -88,7 +88,7 @@ use target_image::boot::claim::{
 };
 use target_image::boot::memory::Range;
 use target_image::boot::pvh::Bytes;
-use target_image::{BuildError, Chunk, Engine};
+use target_image::{BuildError, Chunk, Engine, Port};
 use verbs::KeySource;
 
 use crate::clock::Tsc;
@@ -287,7 +287,6 @@ pub fn open_nics(
     manifest: &Manifest<'_>,
     pool: &mut DmaPool,
 ) -> Vec<OpenNic> {
-    let config = NetConfig::default();
     let mut transports: Vec<Option<(PciTransport, [u8; 6])>> = functions
         .iter()
         .map(|function| match transport(pci, function, Intx::Enabled) {
@@ -301,17 +300,6 @@ pub fn open_nics(
             }
         })
         .collect();
-    for interface in manifest.interfaces() {
-        if usize::from(interface.mtu) > hal::virtio::net::MTU {
-            fail(
-                ExitCode::NoNic,
-                format_args!(
-                    "interface {interface}: the virtio-net driver carries an MTU of {} at most",
-                    hal::virtio::net::MTU
-                ),
-            );
-        }
-    }
     let macs: Vec<Option<[u8; 6]>> = transports
         .iter()
         .map(|t| t.as_ref().map(|(_, mac)| *mac))
@@ -341,7 +329,7 @@ pub fn open_nics(
         let offered = transport.device_features();
         let net_config = NetConfig {
             mac: Some(wanted),
-            ..config
+            ..target_image::virtio_net_config(interface.mtu)
         };
         let net = match VirtioNet::new(transport, pool, net_config) {
             Ok(net) => net,
@@ -362,10 +350,11 @@ pub fn open_nics(
         };
         let irq = hal::pci::legacy_irq(pci, functions[slot].address);
         log!(
-            "net: interface {} on pci {}: device MAC {} {agreement}; features {:#x}, IRQ {}, DMA left {} KiB",
+            "net: interface {} on pci {}: device MAC {} {agreement}; MTU {}, features {:#x}, IRQ {}, DMA left {} KiB",
             interface.name,
             functions[slot].address,
             Mac(device_mac),
+            net.mtu(),
             net.features(),
             Irq(irq),
             pool.remaining() / 1024
@@ -979,6 +968,37 @@ pub fn serve(
     // == physical == bus address: QEMU has no IOMMU here), so virtio-blk
     // can read and write chunks in place.
     unsafe { engine.set_identity_dma() };
+    // Frames carry payloads from the registered arenas without a copy.
+    for (index, nic) in nics.iter_mut().enumerate() {
+        let Some(arena) = engine.hca(index).and_then(Port::registered_memory) else {
+            continue;
+        };
+        let window = DmaWindow {
+            virt: arena.start,
+            phys: arena.start as u64,
+            len: arena.len(),
+        };
+        // SAFETY: the arena is a heap `Vec` (identity-mapped below 4 GiB,
+        // as above: its virtual addresses are its bus addresses) that the
+        // engine owns and never frees or moves while the loop runs, which
+        // is the driver's life. The device reads a piece after `transmit`
+        // returned: the engine frees or reuses registered memory only when
+        // the peer acknowledged the packets that carried it, and a packet
+        // sent again re-reads the same memory. Bytes a peer's RDMA READ
+        // names may change before the device reads them (the chunk's next
+        // IO, same session); the frame's ICRC, computed at emit, then fails
+        // at the peer, which drops it as it would a corrupted frame.
+        let zero_copy = unsafe { nic.add_zero_copy_window(window) };
+        log!(
+            "net: interface {index}: zero-copy transmit from the registered arena ({}): {}",
+            Bytes(window.len as u64),
+            if zero_copy {
+                "on"
+            } else {
+                "off (no window left)"
+            }
+        );
+    }
     engine.set_logger(|args| log!("{args}"));
     log!(
         "engine built in {} us: volumes {} us, arenas and tables {} us (boot until then {} us)",
@@ -1055,6 +1075,17 @@ pub fn serve(
             frames_since_stats = 0;
             for line in alloc::format!("{}", engine.stats()).lines() {
                 log!("{line}");
+            }
+            for (index, nic) in nics.iter().enumerate() {
+                let net = nic.stats();
+                log!(
+                    "net: interface {index}: frames in {} out {}, {} payload pieces sent in place, {} bytes copied to bounce slots, {} busy",
+                    net.rx_frames,
+                    net.tx_frames,
+                    net.tx_zero_copy_pieces,
+                    net.tx_bounced_bytes,
+                    net.tx_busy
+                );
             }
             let frame_wakes: u64 = nics.iter().map(|nic| nic.stats().rx_interrupts).sum();
             log!(
