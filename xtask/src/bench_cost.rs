@@ -177,7 +177,7 @@ fn build_probe() -> Result<PathBuf> {
         "--example",
         "cost_probe",
     ]))?;
-    Ok(crate::paths::repo().join("target/release/examples/cost_probe"))
+    Ok(crate::paths::target_dir().join("release/examples/cost_probe"))
 }
 
 /// One callgrind run of the probe with `ios` measured IOs: its profile

@@ -252,9 +252,7 @@ pub fn build() -> Result<PathBuf> {
 }
 
 fn target_dir() -> PathBuf {
-    std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| paths::repo().join("target"))
+    paths::target_dir()
 }
 
 /// The image must be a fixed-address 64-bit ELF executable (`ET_EXEC`):

@@ -147,7 +147,7 @@ fn driver() -> Result<PathBuf> {
             .args(["build", "--release", "-p", "brick-initiator", "--example"])
             .arg("thin_crash"),
     )?;
-    Ok(crate::paths::repo().join("target/release/examples/thin_crash"))
+    Ok(crate::paths::target_dir().join("release/examples/thin_crash"))
 }
 
 /// One case: a fresh pool disk, the relay, the driver in `mode`; the

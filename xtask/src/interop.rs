@@ -40,7 +40,7 @@ fn build_rping() -> Result<PathBuf> {
         "--features",
         "std",
     ]))?;
-    Ok(crate::paths::repo().join("target/release/examples/rping"))
+    Ok(crate::paths::target_dir().join("release/examples/rping"))
 }
 
 /// Builds the `brick` CLI and returns its path.

@@ -11,6 +11,13 @@ pub fn repo() -> PathBuf {
         .to_path_buf()
 }
 
+/// Cargo's output directory: `$CARGO_TARGET_DIR`, default `target/`.
+pub fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo().join("target"))
+}
+
 /// The build cache for VM images (`$BRICK_BUILD_DIR`, default `build/`).
 pub fn build_dir() -> PathBuf {
     std::env::var_os("BRICK_BUILD_DIR")

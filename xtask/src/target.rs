@@ -302,7 +302,7 @@ pub fn build_hostile_probe() -> Result<PathBuf> {
         "--example",
         "hostile_probe",
     ]))?;
-    Ok(crate::paths::repo().join("target/release/examples/hostile_probe"))
+    Ok(crate::paths::target_dir().join("release/examples/hostile_probe"))
 }
 
 /// Builds the client tools for the initiator VM, statically linked:

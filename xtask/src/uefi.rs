@@ -72,7 +72,7 @@ pub fn build() -> Result<Parts> {
         "--target",
         TARGET,
     ]))?;
-    let loader = paths::repo().join(format!("target/{TARGET}/release/brick-loader.efi"));
+    let loader = paths::target_dir().join(format!("{TARGET}/release/brick-loader.efi"));
     let cli = util::build_release_bins(&[("brick-cli", "brick")])?.remove(0);
     Ok(Parts {
         kernel,

@@ -88,7 +88,7 @@ pub fn build_release_bins(bins: &[(&str, &str)]) -> Result<Vec<std::path::PathBu
         command.args(["-p", package, "--bin", bin]);
     }
     run(&mut command)?;
-    let release = crate::paths::repo().join("target/release");
+    let release = crate::paths::target_dir().join("release");
     Ok(names.iter().map(|bin| release.join(bin)).collect())
 }
 

@@ -14,7 +14,7 @@
 //! device (`1af4:1041`) it then serves ([`serve`]): one NIC per manifest
 //! interface, the engine over RAM, virtio-blk (`1af4:1042`) and NVMe
 //! (class 01:08:02) volumes, devices chosen by PCI address or serial
-//! ([`serve::choose_disks`]), the poll loop, until the VM is stopped.
+//! ([`disks::choose_disks`]), the poll loop, until the VM is stopped.
 //! Without a virtio-net device it runs the idle check and exits (the boot
 //! test).
 //!
@@ -79,6 +79,8 @@ macro_rules! log {
 mod admin;
 #[cfg(target_os = "none")]
 mod clock;
+#[cfg(target_os = "none")]
+mod disks;
 #[cfg(target_os = "none")]
 mod entry;
 #[cfg(target_os = "none")]
@@ -615,7 +617,7 @@ mod board {
                 // manifest (`run-image --disk` without `--nic`).
                 if let Ok(manifest) = Manifest::parse(&blob) {
                     let mut pool = crate::serve::dma_pool(rings);
-                    crate::serve::choose_disks(
+                    crate::disks::choose_disks(
                         &pci,
                         &virtio_blks,
                         &nvmes,
@@ -632,7 +634,7 @@ mod board {
                     };
                     crate::serve::check_volume_kinds(&manifest);
                     let mut pool = crate::serve::dma_pool(rings);
-                    let disks = crate::serve::choose_disks(
+                    let disks = crate::disks::choose_disks(
                         &pci,
                         &virtio_blks,
                         &nvmes,

@@ -1,8 +1,8 @@
 //! Thin volumes of the image (docs/THIN.md): pools on virtio-blk disks and
 //! NVMe namespaces, shared by their thin volumes.
 //!
-//! The first thin volume of a pool opens the pool's disk ([`crate::serve::open_disk`],
-//! the device [`crate::serve::choose_disks`] chose for "pool NAME"), checks
+//! The first thin volume of a pool opens the pool's disk ([`crate::disks::open_disk`],
+//! the device [`crate::disks::choose_disks`] chose for "pool NAME"), checks
 //! that the heap holds the pool's tables for the disk's size, and opens the
 //! pool: [`thin::Pool::open`] formats a blank disk or reads and checks its
 //! map, submitting to the disk and polling it until each request
@@ -27,14 +27,14 @@ pub type PoolDisk = crate::serve::DiskOf<PoolBuf<Chunk>>;
 /// A thin volume of the image.
 pub type Thin = ThinVolume<PoolDisk, Chunk>;
 
-/// The key [`crate::serve::choose_disks`] and [`crate::serve::open_disk`]
+/// The key [`crate::disks::choose_disks`] and [`crate::disks::open_disk`]
 /// know a pool's disk by.
 pub fn pool_key(name: &str) -> String {
     alloc::format!("pool {name}")
 }
 
 /// The disk backing a virtio-blk or NVMe pool, as a volume's backing
-/// (what [`crate::serve::choose_disks`] selects by); `None` for a file
+/// (what [`crate::disks::choose_disks`] selects by); `None` for a file
 /// or block pool (the hosted target's).
 pub fn device_backing<'a>(pool: &ManifestPool<'a>) -> Option<Backing<'a>> {
     match pool.backing {
