@@ -30,8 +30,8 @@
 //!
 //! The drivers are polled and all work happens in the loop; an interrupt
 //! only ends a `hlt`. After activity the loop keeps polling for
-//! [`spin_ns`] (on bare metal [`SPIN_NS`]: a frame that follows soon is
-//! taken without a wake-up; under a hypervisor none, see there); then, if
+//! [`hal::idle::spin_ns`] (on bare metal [`SPIN_NS`]: a frame that follows
+//! soon is taken without a wake-up; under a hypervisor none, see there); then, if
 //! the engine has nothing due, [`FrameWake::halt`]
 //! sleeps until the engine's next deadline, at most [`MAX_HALT_NS`] (the
 //! PIT one-shot), or until a frame arrives:
@@ -104,26 +104,9 @@ pub const VIRTIO_BLK_MODERN: u16 = 0x1042;
 const MAX_VIRTIO_CAPABILITIES: usize = 8;
 /// Frames taken from one NIC per loop turn (bounds the work per turn).
 const RX_BURST: usize = 32;
-/// How long the loop keeps polling after the last activity before halting.
+/// How long the loop keeps polling after the last activity before halting,
+/// on bare metal ([`hal::idle::spin_ns`]).
 pub const SPIN_NS: u64 = 2_000_000;
-
-/// How long the loop polls after the last activity before halting:
-/// [`SPIN_NS`] on bare metal, where the image owns its cores, and 0 under a
-/// hypervisor (CPUID.1:ECX bit 31), whose vCPUs are host threads sharing
-/// cores with their neighbours. There a spinning vCPU takes the time its
-/// peers need: on the 2-core judge bed, 2 ms of spin after each IO cost
-/// the stock client's 4 KiB QD1 reads 22 % (278 against 357 IOPS, MTU
-/// 9000, `cargo xtask bench-vm --target brick-image`), and a halted vCPU
-/// is woken by the frame's interrupt in a few microseconds. The hosted
-/// target does the same: it blocks in `ppoll` as soon as it is idle.
-pub fn spin_ns() -> u64 {
-    let leaf = core::arch::x86_64::__cpuid(1);
-    if leaf.ecx & (1 << 31) != 0 {
-        0
-    } else {
-        SPIN_NS
-    }
-}
 /// Longest halt while a frame wakes the CPU (within the PIT one-shot's
 /// ~55 ms): with no deadline the loop wakes 20 times a second.
 pub const MAX_HALT_NS: u64 = 50_000_000;
@@ -595,7 +578,7 @@ pub fn serve(
         );
     }
     let mut idle = PitIdle::new(clock);
-    let spin = spin_ns();
+    let spin = hal::idle::spin_ns(SPIN_NS);
     log!(
         "idle: polling {} us after the last activity ({})",
         spin / 1000,

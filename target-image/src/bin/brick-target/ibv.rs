@@ -16,7 +16,8 @@ use target_image::ibv::ibv_config;
 use target_image::{hosted, server_config, Engine};
 use verbs_ibv::{IbvDevice, IbvLink};
 
-/// How long the loop keeps polling after the last work before it sleeps.
+/// How long the loop keeps polling after the last work before it sleeps,
+/// on bare metal; none inside a VM ([`hal::idle::spin_ns`]).
 const SPIN_NS: u64 = 20_000_000;
 /// The longest sleep while idle if a completion queue could not be armed
 /// (then only polling sees its entries).
@@ -82,6 +83,16 @@ pub fn run(manifest: Manifest<'_>, links: &[IbvLink]) -> Result<(), String> {
     let clock = MonotonicClock::new();
     let mut idle = PollIdle::new();
     let mut sink = |_: usize, _: &[u8], _: &[&[u8]], _: &[u8]| {};
+    let spin = hal::idle::spin_ns(SPIN_NS);
+    eprintln!(
+        "brick-target: polling {} us after the last work ({})",
+        spin / 1000,
+        if spin == 0 {
+            "under a hypervisor: the loop shares its CPU with rxe and its neighbours"
+        } else {
+            "bare metal"
+        }
+    );
     let mut last_work = clock.now();
     let mut stop_deadline = None;
     loop {
@@ -99,7 +110,7 @@ pub fn run(manifest: Manifest<'_>, links: &[IbvLink]) -> Result<(), String> {
             last_work = now;
             continue;
         }
-        if now.saturating_sub(last_work) < SPIN_NS {
+        if now.saturating_sub(last_work) < spin {
             std::thread::yield_now();
             continue;
         }
