@@ -47,6 +47,7 @@ use std::time::Duration;
 use hal::hosted::{Link, MonotonicClock, OsRng, Packet, PollIdle};
 use hal::{Clock, DatagramNic, NicError, Rng};
 use roce::hca::{HcaConfig, LinkMode};
+use roce::types::Mtu;
 use rtrs::client::PathError;
 
 use crate::hosted_port::build_hca;
@@ -62,6 +63,12 @@ pub const RX_BURST: usize = 64;
 /// Tags at or above this are the blocking calls' own; asynchronous callers
 /// use smaller ones.
 pub const BLOCKING_TAG_BASE: u64 = 1 << 62;
+/// The hosted link's IP MTU unless [`SessionSpec::mtu`] says otherwise.
+pub const DEFAULT_MTU: usize = 1500;
+/// The smallest link MTU (IPv4's minimum; the manifest's bound too).
+pub const MIN_MTU: usize = 576;
+/// The largest link MTU (jumbo frames; the manifest's bound too).
+pub const MAX_MTU: usize = 9000;
 
 /// Everything [`Session::connect`] needs.
 #[derive(Clone, Debug)]
@@ -77,6 +84,11 @@ pub struct SessionSpec {
     pub local_mac: [u8; 6],
     /// Our IPv4 address on a frame link (UDP links use the socket's).
     pub local_ip: Ipv4Addr,
+    /// IP MTU of a hosted link (576..=9000; default 1500). The software
+    /// HCA asks for the path MTU that fits it, as RDMA CM does: 1024 at
+    /// 1500, 4096 at 9000 ([`Mtu::for_ethernet_mtu`]). An RDMA device
+    /// keeps its own.
+    pub mtu: usize,
     /// The initiator's configuration.
     pub config: InitiatorConfig,
     /// How long [`Session::connect`] waits for the session.
@@ -98,6 +110,7 @@ impl SessionSpec {
             paths,
             local_mac: [0x52, 0x54, 0x00, 0xb1, 0xc0, 0x01],
             local_ip: Ipv4Addr::new(10, 0, 0, 2),
+            mtu: DEFAULT_MTU,
             config: InitiatorConfig::new(seed),
             connect_timeout: Duration::from_secs(10),
             io_timeout: Duration::from_secs(60),
@@ -120,6 +133,11 @@ pub enum Error {
     NotIpv4 {
         /// The address found.
         found: SocketAddr,
+    },
+    /// [`SessionSpec::mtu`] outside [`MIN_MTU`]..=[`MAX_MTU`].
+    Mtu {
+        /// The MTU given.
+        found: usize,
     },
     /// The link failed while running.
     LinkFailed(NicError),
@@ -165,6 +183,10 @@ impl fmt::Display for Error {
             Self::NotIpv4 { found } => {
                 write!(f, "UDP link bound {found}; expected an IPv4 address")
             }
+            Self::Mtu { found } => write!(
+                f,
+                "link MTU {found}: expected {MIN_MTU}..={MAX_MTU} (an IPv4 link's MTU, as the manifest's)"
+            ),
             Self::LinkFailed(error) => write!(f, "link failed: {error}"),
             Self::Init(error) => write!(f, "initiator: {error}"),
             Self::Connect(error) => write!(f, "connect: {error}"),
@@ -425,9 +447,12 @@ impl Session {
                     spec: spec.link.to_string(),
                     error,
                 })?;
+                let path_mtu = Mtu::for_ethernet_mtu(spec.mtu)
+                    .filter(|_| (MIN_MTU..=MAX_MTU).contains(&spec.mtu))
+                    .ok_or(Error::Mtu { found: spec.mtu })?;
                 let (link, ip, mode) = match link {
                     Link::Frame(frame) => (
-                        Link::Frame(frame.with_mac(spec.local_mac)),
+                        Link::Frame(frame.with_mac(spec.local_mac).with_mtu(spec.mtu)),
                         spec.local_ip,
                         LinkMode::Ethernet,
                     ),
@@ -436,14 +461,22 @@ impl Session {
                         let IpAddr::V4(ip) = local.ip() else {
                             return Err(Error::NotIpv4 { found: local });
                         };
-                        (Link::Udp(nic), ip, LinkMode::Udp { port: local.port() })
+                        (
+                            Link::Udp(nic.with_mtu(spec.mtu)),
+                            ip,
+                            LinkMode::Udp { port: local.port() },
+                        )
                     }
                 };
                 let hca_config = HcaConfig {
                     mac: spec.local_mac,
                     ip: ip.octets(),
                 };
-                (Some(link), build_hca(arena, hca_config, mode))
+                let mut port = build_hca(arena, hca_config, mode);
+                if let Some(hca) = port.hca_mut() {
+                    hca.set_path_mtu(path_mtu);
+                }
+                (Some(link), port)
             }
         };
         let mut init = Initiator::new(hca, config).map_err(Error::Init)?;

@@ -10,7 +10,7 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -91,12 +91,27 @@ fn transmit(link: &mut hal::hosted::FrameLink, headers: &[u8], payload: &[&[u8]]
 /// The engine serving `MANIFEST` on a frame link listening at `path`, on
 /// its own thread until `stop`.
 fn serve_engine(path: PathBuf, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<()> {
+    serve_engine_at(path, stop, 1500, Arc::default())
+}
+
+/// [`serve_engine`] with its interface (manifest and link) at `mtu`;
+/// `largest` keeps the longest frame it received or sent.
+fn serve_engine_at(
+    path: PathBuf,
+    stop: Arc<AtomicBool>,
+    mtu: usize,
+    largest: Arc<AtomicUsize>,
+) -> std::thread::JoinHandle<()> {
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
     let handle = std::thread::Builder::new()
         .stack_size(256 << 20)
         .spawn(move || {
+            let text = MANIFEST.replace(
+                "address = \"10.77.0.1/24\"",
+                &format!("address = \"10.77.0.1/24\"\nmtu = {mtu}"),
+            );
             let blob: &'static [u8] = Box::leak(
-                manifest::build(MANIFEST, "hosted.toml")
+                manifest::build(&text, "hosted.toml")
                     .unwrap()
                     .into_boxed_slice(),
             );
@@ -106,19 +121,26 @@ fn serve_engine(path: PathBuf, stop: Arc<AtomicBool>) -> std::thread::JoinHandle
             let Link::Frame(link) = spec.open().unwrap() else {
                 panic!("not a frame link")
             };
-            let mut link = link.with_mac([0x52, 0x54, 0x00, 0x77, 0x00, 0x01]);
+            let mut link = link
+                .with_mac([0x52, 0x54, 0x00, 0x77, 0x00, 0x01])
+                .with_mtu(mtu);
             ready_tx.send(()).unwrap();
             let clock = MonotonicClock::new();
             while !stop.load(Ordering::Relaxed) {
                 let now = clock.now();
                 let mut busy = false;
                 for _ in 0..64 {
-                    match link.receive(|frame| engine.receive(0, now, frame)) {
+                    match link.receive(|frame| {
+                        largest.fetch_max(frame.len(), Ordering::Relaxed);
+                        engine.receive(0, now, frame)
+                    }) {
                         Ok(Some(())) => busy = true,
                         _ => break,
                     }
                 }
                 busy |= engine.poll(now, &mut |_: usize, h: &[u8], p: &[&[u8]], t: &[u8]| {
+                    let len = h.len() + p.iter().map(|p| p.len()).sum::<usize>() + t.len();
+                    largest.fetch_max(len, Ordering::Relaxed);
                     transmit(&mut link, h, p, t)
                 });
                 if link.has_pending_output() {
@@ -244,6 +266,53 @@ fn frame_link_session_against_engine_thread() {
 
     volume.close().unwrap();
     ro.close().unwrap();
+    session.close().unwrap();
+    stop.store(true, Ordering::Relaxed);
+    engine.join().unwrap();
+}
+
+/// Both ends at MTU 9000: the session asks for path MTU 4096, so a
+/// 128 KiB write and read travel in frames above 4 KiB (at 1500 none
+/// exceeds 1,500 bytes), and the bytes come back. An MTU no IPv4 link has
+/// is refused before anything opens.
+#[test]
+fn jumbo_frames_carry_4096_byte_packets() {
+    let path = socket_path("jumbo");
+    let stop = Arc::new(AtomicBool::new(false));
+    let largest = Arc::new(AtomicUsize::new(0));
+    let engine = serve_engine_at(path.clone(), Arc::clone(&stop), 9000, Arc::clone(&largest));
+
+    let link: LinkSpec = format!("frame:connect:{}", path.display()).parse().unwrap();
+    let target: SocketAddr = "10.77.0.1:1234".parse().unwrap();
+    let mut spec = SessionSpec::new("host3", link, vec![target]);
+    spec.local_ip = "10.77.0.2".parse().unwrap();
+    spec.config.queue_depth = 16;
+    spec.io_timeout = Duration::from_secs(20);
+    spec.mtu = 100;
+    match Session::connect(&spec) {
+        Err(Error::Mtu { found: 100 }) => {}
+        other => panic!("a 100-byte MTU: {:?}", other.err()),
+    }
+    spec.mtu = 9000;
+    let session = Session::connect(&spec).expect("session");
+    let volume = session.open("vol0", AccessMode::ReadWrite).unwrap();
+    let data = pattern(9, 128 << 10);
+    volume.write(1 << 20, &data, true).unwrap();
+    let written = largest.load(Ordering::Relaxed);
+    let mut back = vec![0u8; 128 << 10];
+    volume.read(1 << 20, &mut back).unwrap();
+    assert!(back == data, "128 KiB read back differs");
+    let read = largest.load(Ordering::Relaxed);
+    // Ethernet + IPv4 + UDP + BTH + RETH + 4096 payload + ICRC.
+    assert!(
+        written > 4096 + 60,
+        "largest frame of the write: {written} bytes"
+    );
+    assert!(
+        read > 4096 + 60 && read <= 9000 + 14,
+        "largest frame: {read} bytes"
+    );
+    volume.close().unwrap();
     session.close().unwrap();
     stop.store(true, Ordering::Relaxed);
     engine.join().unwrap();

@@ -45,6 +45,11 @@ pub struct BenchInitiatorArgs {
     /// (to compare two builds under the same machine load).
     #[arg(long, value_name = "DIR")]
     bins: Option<std::path::PathBuf>,
+    /// Link MTU of every column: the targets' manifest interfaces, the
+    /// Linux VM's NIC and the initiator's `--mtu` (1500: path MTU 1024;
+    /// 9000: 4096).
+    #[arg(long, default_value_t = 1500, value_parser = clap::value_parser!(u32).range(576..=9000))]
+    mtu: u32,
 }
 
 /// One `brick bench` workload.
@@ -115,12 +120,14 @@ fn run_workloads(
     endpoint: &Endpoint,
     volume: &str,
     runtime: u32,
+    mtu: u32,
     dir: &Path,
 ) -> Result<Vec<Sample>> {
     let mut samples = Vec::new();
     for (index, workload) in WORKLOADS.iter().enumerate() {
         let mut args = vec!["bench".to_string()];
         args.extend(endpoint.connection.iter().cloned());
+        args.extend(strings(&["--mtu", &mtu.to_string()]));
         args.extend(strings(&[
             "--session",
             &format!("bench{index}"),
@@ -295,6 +302,18 @@ pub fn run(args: BenchInitiatorArgs) -> Result<()> {
     };
     let dir = crate::paths::scratch("bench-initiator");
     let repo = crate::paths::repo();
+    // The hosted target's manifests, their interfaces at the MTU.
+    let manifest = |name: &str| -> Result<std::path::PathBuf> {
+        let source = repo.join("examples").join(name);
+        let text = std::fs::read_to_string(&source)
+            .with_context(|| format!("read {}", source.display()))?;
+        let path = dir.join(name);
+        std::fs::write(&path, crate::util::manifest_at_mtu(&text, args.mtu))
+            .with_context(|| format!("write {}", path.display()))?;
+        Ok(path)
+    };
+    let loopback = manifest("loopback.toml")?;
+    let two_ram = manifest("two-ram-volumes.toml")?;
     let mut columns: Vec<(&'static str, Vec<Sample>)> = Vec::new();
 
     // UDP loopback.
@@ -305,7 +324,7 @@ pub fn run(args: BenchInitiatorArgs) -> Result<()> {
     {
         let _target = TargetProcess::start(
             &target_binary,
-            &repo.join("examples/loopback.toml"),
+            &loopback,
             &format!("udp:127.0.0.1:{port}"),
             dir.join("target-udp.log"),
         )?;
@@ -320,7 +339,7 @@ pub fn run(args: BenchInitiatorArgs) -> Result<()> {
         };
         columns.push((
             endpoint.name,
-            run_workloads(&cli, &endpoint, "vol0", args.runtime, &dir)?,
+            run_workloads(&cli, &endpoint, "vol0", args.runtime, args.mtu, &dir)?,
         ));
     }
 
@@ -333,7 +352,7 @@ pub fn run(args: BenchInitiatorArgs) -> Result<()> {
     {
         let _target = TargetProcess::start(
             &target_binary,
-            &repo.join("examples/two-ram-volumes.toml"),
+            &two_ram,
             &format!("frame:listen:{}", socket.display()),
             dir.join("target-frame.log"),
         )?;
@@ -350,7 +369,7 @@ pub fn run(args: BenchInitiatorArgs) -> Result<()> {
         };
         columns.push((
             endpoint.name,
-            run_workloads(&cli, &endpoint, "vol0", args.runtime, &dir)?,
+            run_workloads(&cli, &endpoint, "vol0", args.runtime, args.mtu, &dir)?,
         ));
     }
 
@@ -375,6 +394,7 @@ pub fn run(args: BenchInitiatorArgs) -> Result<()> {
             rping: false,
             ext4: false,
         };
+        config.mtu = args.mtu;
         config.nics = vec![NicConfig {
             socket: relay.b.clone(),
             mac: "52:54:00:77:00:01".into(),
@@ -389,12 +409,12 @@ pub fn run(args: BenchInitiatorArgs) -> Result<()> {
         };
         columns.push((
             endpoint.name,
-            run_workloads(&cli, &endpoint, "ram0", args.runtime, &dir)?,
+            run_workloads(&cli, &endpoint, "ram0", args.runtime, args.mtu, &dir)?,
         ));
         drop(vm);
         std::thread::sleep(Duration::from_millis(300));
         let image = crate::image::build()?;
-        let booted = crate::demo::boot_image(&image, &dir, &relay.b)?;
+        let booted = crate::demo::boot_image(&image, &dir, &relay.b, args.mtu)?;
         println!("{}", booted.serving);
         let endpoint = Endpoint {
             name: "brick image (VM), relay",
@@ -402,14 +422,14 @@ pub fn run(args: BenchInitiatorArgs) -> Result<()> {
         };
         columns.push((
             endpoint.name,
-            run_workloads(&cli, &endpoint, "vol0", args.runtime, &dir)?,
+            run_workloads(&cli, &endpoint, "vol0", args.runtime, args.mtu, &dir)?,
         ));
         drop(booted);
         std::thread::sleep(Duration::from_millis(300));
         step("brick-target behind the same relay");
         let _target = TargetProcess::start(
             &target_binary,
-            &repo.join("examples/two-ram-volumes.toml"),
+            &two_ram,
             &format!("frame:connect:{}", relay.b.display()),
             dir.join("target-relay.log"),
         )?;
@@ -419,7 +439,7 @@ pub fn run(args: BenchInitiatorArgs) -> Result<()> {
         };
         columns.push((
             endpoint.name,
-            run_workloads(&cli, &endpoint, "vol0", args.runtime, &dir)?,
+            run_workloads(&cli, &endpoint, "vol0", args.runtime, args.mtu, &dir)?,
         ));
     }
 
@@ -431,8 +451,8 @@ pub fn run(args: BenchInitiatorArgs) -> Result<()> {
 
     println!();
     println!(
-        "brick bench, {} s per workload; IOPS / MB/s / p50 / p99 / p99.9 latency (us)",
-        args.runtime
+        "brick bench, {} s per workload, link MTU {}; IOPS / MB/s / p50 / p99 / p99.9 latency (us)",
+        args.runtime, args.mtu
     );
     for (index, workload) in WORKLOADS.iter().enumerate() {
         println!("{}", workload.name);

@@ -233,11 +233,15 @@ pub(crate) struct BootedImage {
     pub wall: f64,
 }
 
-/// Boots the image with the demo manifest in `dir`, its virtio-net NIC on
-/// the stream socket `socket` (a relay's target side).
-pub(crate) fn boot_image(image: &Path, dir: &Path, socket: &Path) -> Result<BootedImage> {
+/// Boots the image with the demo manifest in `dir`, its interface at
+/// `mtu`, its virtio-net NIC on the stream socket `socket` (a relay's
+/// target side).
+pub(crate) fn boot_image(image: &Path, dir: &Path, socket: &Path, mtu: u32) -> Result<BootedImage> {
     let manifest_path = dir.join("demo-image.toml");
-    std::fs::write(&manifest_path, IMAGE_MANIFEST)?;
+    std::fs::write(
+        &manifest_path,
+        crate::util::manifest_at_mtu(IMAGE_MANIFEST, mtu),
+    )?;
     let (config, blob, blob_path) = crate::image::compile_to_blob(&manifest_path, dir)?;
     let interface = config
         .interfaces
@@ -308,7 +312,7 @@ fn run_image() -> Result<()> {
         serving,
         guest_us,
         wall,
-    } = boot_image(&image, &dir, &relay.b)?;
+    } = boot_image(&image, &dir, &relay.b, 1500)?;
     println!("{serving}");
     if let Some(us) = guest_us {
         println!(

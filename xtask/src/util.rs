@@ -100,3 +100,21 @@ pub fn build_target_and_cli() -> Result<(std::path::PathBuf, std::path::PathBuf)
     ])?;
     Ok((paths[0].clone(), paths[1].clone()))
 }
+
+/// `manifest` (TOML text) with every interface at `mtu`: its own `mtu`
+/// lines dropped, one added after each interface address (the only
+/// `address = "a.b.c.d/n"` lines).
+pub fn manifest_at_mtu(manifest: &str, mtu: u32) -> String {
+    let mut text = String::new();
+    for line in manifest.lines() {
+        if line.starts_with("mtu") {
+            continue;
+        }
+        text += line;
+        text += "\n";
+        if line.starts_with("address") && line.contains('/') {
+            text += &format!("mtu = {mtu}\n");
+        }
+    }
+    text
+}

@@ -160,6 +160,7 @@ pub(super) fn judge_manifest(
     let example = brick_manifest(paths);
     let original =
         std::fs::read_to_string(&example).with_context(|| format!("read {}", example.display()))?;
+    let original = crate::util::manifest_at_mtu(&original, mtu);
     let image = dir.join(DURABLE_FILE);
     let _ = std::fs::remove_file(&image);
     let backing = match durable {
@@ -183,18 +184,11 @@ pub(super) fn judge_manifest(
     let mut text = String::new();
     let mut limits_seen = false;
     for line in original.lines() {
-        if line.starts_with("mtu") {
-            continue;
-        }
         if probe && (line.starts_with("max_sessions") || line.starts_with("queue_depth")) {
             continue;
         }
         text += line;
         text += "\n";
-        // Interface addresses are the only `address = "a.b.c.d/n"` lines.
-        if line.starts_with("address") && line.contains('/') {
-            text += &format!("mtu = {mtu}\n");
-        }
         if probe && line.trim() == "[limits]" {
             limits_seen = true;
             text += &probe_limits();
