@@ -45,6 +45,11 @@ pub struct ConnectArgs {
     #[arg(long, value_name = "BYTES", default_value_t = 1500,
           value_parser = clap::value_parser!(u16).range(576..=9000))]
     pub mtu: u16,
+    /// Busy polling on a udp: or frame: link: keep polling this many
+    /// microseconds after the last work before sleeping (for a client
+    /// that gives the session a core; 0, the default, never spins).
+    #[arg(long, value_name = "MICROSECONDS", default_value_t = 0)]
+    pub poll_us: u32,
     /// Our MAC on a frame link.
     #[arg(long, value_name = "MAC", default_value = "52:54:00:77:00:02", value_parser = parse_mac)]
     pub mac: [u8; 6],
@@ -134,6 +139,7 @@ impl ConnectArgs {
         spec.local_ip = self.local.ip;
         spec.local_mac = self.mac;
         spec.mtu = usize::from(self.mtu);
+        spec.poll = Duration::from_micros(u64::from(self.poll_us));
         spec.config.queue_depth = queue_depth;
         spec.config.max_transfer = max_transfer;
         let paths = self.targets.len();

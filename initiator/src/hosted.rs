@@ -89,6 +89,10 @@ pub struct SessionSpec {
     /// 1500, 4096 at 9000 ([`Mtu::for_ethernet_mtu`]). An RDMA device
     /// keeps its own.
     pub mtu: usize,
+    /// Busy polling on a hosted link: how long the loop keeps polling
+    /// after the last work before it sleeps in ppoll(2) (default 0: never
+    /// spins). For a client that gives the session a core of its own.
+    pub poll: Duration,
     /// The initiator's configuration.
     pub config: InitiatorConfig,
     /// How long [`Session::connect`] waits for the session.
@@ -111,6 +115,7 @@ impl SessionSpec {
             local_mac: [0x52, 0x54, 0x00, 0xb1, 0xc0, 0x01],
             local_ip: Ipv4Addr::new(10, 0, 0, 2),
             mtu: DEFAULT_MTU,
+            poll: Duration::ZERO,
             config: InitiatorConfig::new(seed),
             connect_timeout: Duration::from_secs(10),
             io_timeout: Duration::from_secs(60),
@@ -237,6 +242,8 @@ struct Host {
     link: Option<Link>,
     /// When the loop last found work (RDMA devices spin for a while after).
     last_busy: u64,
+    /// Busy polling after the last work on a hosted link (ns).
+    poll_ns: u64,
     clock: MonotonicClock,
     waiter: PollIdle,
     events: Vec<Event>,
@@ -314,6 +321,9 @@ impl Host {
         }
         self.waiter.clear();
         if let Some(link) = &self.link {
+            if now.saturating_sub(self.last_busy) < self.poll_ns {
+                return;
+            }
             self.waiter.watch_link(link);
         } else if let Some(fds) = self.init.verbs().wake_fds() {
             if now.saturating_sub(self.last_busy) < IBV_SPIN_NS {
@@ -485,6 +495,7 @@ impl Session {
             .map_err(Error::Connect)?;
         let host = Host {
             last_busy: clock.now(),
+            poll_ns: u64::try_from(spec.poll.as_nanos()).unwrap_or(u64::MAX),
             init,
             link,
             clock,

@@ -130,10 +130,22 @@ impl TargetProcess {
         link: &str,
         log: PathBuf,
     ) -> Result<TargetProcess> {
+        Self::start_with(binary, manifest, link, &[], log)
+    }
+
+    /// [`TargetProcess::start`] with `extra` arguments.
+    pub(crate) fn start_with(
+        binary: &Path,
+        manifest: &Path,
+        link: &str,
+        extra: &[String],
+        log: PathBuf,
+    ) -> Result<TargetProcess> {
         let file = std::fs::File::create(&log)?;
         let child = Command::new(binary)
             .args(["--manifest", &manifest.display().to_string()])
             .args(["--link", link])
+            .args(extra)
             .stdin(Stdio::null())
             .stdout(file.try_clone()?)
             .stderr(file)
