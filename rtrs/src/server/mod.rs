@@ -336,6 +336,10 @@ pub struct Server<V: Verbs> {
     setup_rate: rate::SetupRate,
     /// Any path with parked work (send-queue room, acks, closing).
     pending: bool,
+    /// No path has timed work before this instant, so `poll` skips the walk
+    /// of the paths until then (module `timers`). Every change of a path's
+    /// state or deadline sets it to 0; the walk sets it again.
+    timers_due: u64,
     /// Where [`Server::poll`] takes completions into: kept here so that a
     /// poll does not clear a fresh batch every call.
     completions: [WorkCompletion; COMPLETION_BATCH],
@@ -403,6 +407,7 @@ impl<V: Verbs> Server<V> {
             stats: ServerStats::default(),
             setup_rate: rate::SetupRate::new(&config),
             pending: false,
+            timers_due: 0,
             completions: [WorkCompletion::default(); COMPLETION_BATCH],
             provider: PhantomData,
         })
@@ -669,6 +674,7 @@ impl<V: Verbs> Server<V> {
             // Room for every path slot was reserved: no allocation.
             self.live_paths.insert(at, index);
         }
+        self.timers_due = 0;
     }
 
     /// Path slot `index` is `Free` again.
