@@ -106,18 +106,20 @@ pub struct ExtHeaders {
 impl ExtHeaders {
     /// The set of headers present.
     pub fn set(&self) -> ExtSet {
-        [
-            (self.deth.is_some(), ExtSet::DETH),
-            (self.reth.is_some(), ExtSet::RETH),
-            (self.atomic_eth.is_some(), ExtSet::ATOMIC_ETH),
-            (self.aeth.is_some(), ExtSet::AETH),
-            (self.atomic_ack_eth.is_some(), ExtSet::ATOMIC_ACK_ETH),
-            (self.immdt.is_some(), ExtSet::IMMDT),
-            (self.ieth.is_some(), ExtSet::IETH),
-        ]
-        .into_iter()
-        .filter(|(present, _)| *present)
-        .fold(ExtSet::NONE, |set, (_, header)| set.union(header))
+        let mut set = ExtSet::NONE;
+        let mut add = |present: bool, header: ExtSet| {
+            if present {
+                set = set.union(header);
+            }
+        };
+        add(self.deth.is_some(), ExtSet::DETH);
+        add(self.reth.is_some(), ExtSet::RETH);
+        add(self.atomic_eth.is_some(), ExtSet::ATOMIC_ETH);
+        add(self.aeth.is_some(), ExtSet::AETH);
+        add(self.atomic_ack_eth.is_some(), ExtSet::ATOMIC_ACK_ETH);
+        add(self.immdt.is_some(), ExtSet::IMMDT);
+        add(self.ieth.is_some(), ExtSet::IETH);
+        set
     }
 
     /// Total length of the headers present.
