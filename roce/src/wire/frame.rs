@@ -65,6 +65,24 @@ impl fmt::Display for EmitError {
 
 impl core::error::Error for EmitError {}
 
+/// The next `len` bytes of `rest` (taken off it) if `layout` has `header`.
+///
+/// # Errors
+/// [`ParseError::Truncated`] if `rest` is shorter than `len`.
+fn take<'b>(
+    rest: &mut &'b [u8],
+    layout: ExtSet,
+    header: ExtSet,
+    len: usize,
+) -> Result<Option<&'b [u8]>, ParseError> {
+    if !layout.contains(header) {
+        return Ok(None);
+    }
+    let (bytes, tail) = rest.split_at_checked(len).ok_or(ParseError::Truncated)?;
+    *rest = tail;
+    Ok(Some(bytes))
+}
+
 /// The extended transport headers of one packet, each present iff the opcode
 /// prescribes it (roce-v2.md §1.6).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -88,18 +106,20 @@ pub struct ExtHeaders {
 impl ExtHeaders {
     /// The set of headers present.
     pub fn set(&self) -> ExtSet {
-        [
-            (self.deth.is_some(), ExtSet::DETH),
-            (self.reth.is_some(), ExtSet::RETH),
-            (self.atomic_eth.is_some(), ExtSet::ATOMIC_ETH),
-            (self.aeth.is_some(), ExtSet::AETH),
-            (self.atomic_ack_eth.is_some(), ExtSet::ATOMIC_ACK_ETH),
-            (self.immdt.is_some(), ExtSet::IMMDT),
-            (self.ieth.is_some(), ExtSet::IETH),
-        ]
-        .into_iter()
-        .filter(|(present, _)| *present)
-        .fold(ExtSet::NONE, |set, (_, header)| set.union(header))
+        let mut set = ExtSet::NONE;
+        let mut add = |present: bool, header: ExtSet| {
+            if present {
+                set = set.union(header);
+            }
+        };
+        add(self.deth.is_some(), ExtSet::DETH);
+        add(self.reth.is_some(), ExtSet::RETH);
+        add(self.atomic_eth.is_some(), ExtSet::ATOMIC_ETH);
+        add(self.aeth.is_some(), ExtSet::AETH);
+        add(self.atomic_ack_eth.is_some(), ExtSet::ATOMIC_ACK_ETH);
+        add(self.immdt.is_some(), ExtSet::IMMDT);
+        add(self.ieth.is_some(), ExtSet::IETH);
+        set
     }
 
     /// Total length of the headers present.
@@ -114,38 +134,45 @@ impl ExtHeaders {
     /// [`ParseError::Truncated`] if `buf` is shorter than `layout.len()`.
     pub fn parse(layout: ExtSet, buf: &[u8]) -> Result<ExtHeaders, ParseError> {
         let mut ext = ExtHeaders::default();
-        let mut offset = 0;
-        for (header, len) in layout.iter() {
-            let bytes = buf.get(offset..offset + len).ok_or(ParseError::Truncated)?;
-            match header {
-                ExtSet::DETH => {
-                    ext.deth = Some(DethRepr::parse(&deth::Packet::new_unchecked(bytes))?)
-                }
-                ExtSet::RETH => {
-                    ext.reth = Some(RethRepr::parse(&reth::Packet::new_unchecked(bytes))?)
-                }
-                ExtSet::ATOMIC_ETH => {
-                    ext.atomic_eth = Some(AtomicEthRepr::parse(
-                        &atomic_eth::Packet::new_unchecked(bytes),
-                    )?)
-                }
-                ExtSet::AETH => {
-                    ext.aeth = Some(AethRepr::parse(&aeth::Packet::new_unchecked(bytes))?)
-                }
-                ExtSet::ATOMIC_ACK_ETH => {
-                    ext.atomic_ack_eth = Some(AtomicAckEthRepr::parse(
-                        &atomic_ack_eth::Packet::new_unchecked(bytes),
-                    )?)
-                }
-                ExtSet::IMMDT => {
-                    ext.immdt = Some(ImmDtRepr::parse(&immdt::Packet::new_unchecked(bytes))?)
-                }
-                ExtSet::IETH => {
-                    ext.ieth = Some(IethRepr::parse(&ieth::Packet::new_unchecked(bytes))?)
-                }
-                _ => {}
-            }
-            offset += len;
+        if layout.is_empty() {
+            return Ok(ext);
+        }
+        // In wire order (`ExtSet::iter`), each header taken off the front.
+        let mut rest = buf;
+        if let Some(bytes) = take(&mut rest, layout, ExtSet::DETH, deth::HEADER_LEN)? {
+            ext.deth = Some(DethRepr::parse(&deth::Packet::new_unchecked(bytes))?);
+        }
+        if let Some(bytes) = take(&mut rest, layout, ExtSet::RETH, reth::HEADER_LEN)? {
+            ext.reth = Some(RethRepr::parse(&reth::Packet::new_unchecked(bytes))?);
+        }
+        if let Some(bytes) = take(
+            &mut rest,
+            layout,
+            ExtSet::ATOMIC_ETH,
+            atomic_eth::HEADER_LEN,
+        )? {
+            ext.atomic_eth = Some(AtomicEthRepr::parse(&atomic_eth::Packet::new_unchecked(
+                bytes,
+            ))?);
+        }
+        if let Some(bytes) = take(&mut rest, layout, ExtSet::AETH, aeth::HEADER_LEN)? {
+            ext.aeth = Some(AethRepr::parse(&aeth::Packet::new_unchecked(bytes))?);
+        }
+        if let Some(bytes) = take(
+            &mut rest,
+            layout,
+            ExtSet::ATOMIC_ACK_ETH,
+            atomic_ack_eth::HEADER_LEN,
+        )? {
+            ext.atomic_ack_eth = Some(AtomicAckEthRepr::parse(
+                &atomic_ack_eth::Packet::new_unchecked(bytes),
+            )?);
+        }
+        if let Some(bytes) = take(&mut rest, layout, ExtSet::IMMDT, immdt::HEADER_LEN)? {
+            ext.immdt = Some(ImmDtRepr::parse(&immdt::Packet::new_unchecked(bytes))?);
+        }
+        if let Some(bytes) = take(&mut rest, layout, ExtSet::IETH, ieth::HEADER_LEN)? {
+            ext.ieth = Some(IethRepr::parse(&ieth::Packet::new_unchecked(bytes))?);
         }
         Ok(ext)
     }

@@ -42,6 +42,10 @@ mod mask {
     pub const BTH_ECN: usize = 32;
 }
 
+/// The CRC-32 of the eight 0xFF bytes that stand for the masked LRH (in
+/// `crc32fast`'s finalised form: rxe's raw seed 0xDEBB20E3, inverted).
+const AFTER_MASKED_LRH: u32 = !0xDEBB_20E3;
+
 /// An ICRC computation in progress: the masked headers first, then any number
 /// of payload pieces (including the pad), in wire order.
 #[derive(Debug, Clone)]
@@ -62,18 +66,22 @@ impl Icrc {
             headers.len() >= ROCE_PREFIX_LEN,
             "ICRC needs the Ethernet, IPv4, UDP and BTH headers"
         );
+        let (prefix, rest) = headers.split_at(ROCE_PREFIX_LEN);
         let mut masked = [0u8; ROCE_PREFIX_LEN - ethernet::HEADER_LEN];
-        masked.copy_from_slice(&headers[ethernet::HEADER_LEN..ROCE_PREFIX_LEN]);
+        masked.copy_from_slice(&prefix[ethernet::HEADER_LEN..]);
         masked[mask::IP_TOS] = 0xff;
         masked[mask::IP_TTL] = 0xff;
         masked[mask::IP_CHECKSUM].fill(0xff);
         masked[mask::UDP_CHECKSUM].fill(0xff);
         masked[mask::BTH_ECN] = 0xff;
 
-        let mut hasher = crc32fast::Hasher::new();
-        hasher.update(&[0xff; 8]);
+        // Start from the state after the eight 0xFF bytes instead of hashing
+        // them for every packet.
+        let mut hasher = crc32fast::Hasher::new_with_initial(AFTER_MASKED_LRH);
         hasher.update(&masked);
-        hasher.update(&headers[ROCE_PREFIX_LEN..]);
+        if !rest.is_empty() {
+            hasher.update(rest);
+        }
         Icrc { hasher }
     }
 
@@ -274,5 +282,12 @@ mod test {
         frame[39] = 0x40; // UDP length beyond the IP total length
         assert_eq!(compute_icrc(&frame), Err(ParseError::BadLength));
         assert_eq!(fill_icrc(&mut frame), Err(ParseError::BadLength));
+    }
+
+    #[test]
+    fn test_masked_lrh_seed() {
+        let mut hasher = crc32fast::Hasher::new();
+        hasher.update(&[0xff; 8]);
+        assert_eq!(hasher.finalize(), AFTER_MASKED_LRH);
     }
 }

@@ -31,6 +31,7 @@ impl<V: Verbs> Lent<'_, V> {
         slot.state = PathState::Closing {
             deadline: now.saturating_add(self.server.config.close_timeout_ns),
         };
+        self.server.timers_due = 0;
         if reason == CloseReason::ProtocolViolation {
             slot.stats.protocol_errors += 1;
         }

@@ -76,6 +76,7 @@ impl<V: Verbs> Lent<'_, V> {
         let slot = &mut self.server.paths[index];
         slot.state = PathState::Connected;
         slot.heartbeat.start(now, interval);
+        self.server.timers_due = 0;
         let remote = slot.remote;
         let session_id = self.session_id(session);
         let path_id = self.path_id(path);

@@ -336,6 +336,13 @@ pub struct Server<V: Verbs> {
     setup_rate: rate::SetupRate,
     /// Any path with parked work (send-queue room, acks, closing).
     pending: bool,
+    /// No path has timed work before this instant, so `poll` skips the walk
+    /// of the paths until then (module `timers`). Every change of a path's
+    /// state or deadline sets it to 0; the walk sets it again.
+    timers_due: u64,
+    /// Where [`Server::poll`] takes completions into: kept here so that a
+    /// poll does not clear a fresh batch every call.
+    completions: [WorkCompletion; COMPLETION_BATCH],
     /// The handles in the tables are `V`'s.
     provider: PhantomData<fn(&mut V)>,
 }
@@ -400,6 +407,8 @@ impl<V: Verbs> Server<V> {
             stats: ServerStats::default(),
             setup_rate: rate::SetupRate::new(&config),
             pending: false,
+            timers_due: 0,
+            completions: [WorkCompletion::default(); COMPLETION_BATCH],
             provider: PhantomData,
         })
     }
@@ -665,6 +674,7 @@ impl<V: Verbs> Server<V> {
             // Room for every path slot was reserved: no allocation.
             self.live_paths.insert(at, index);
         }
+        self.timers_due = 0;
     }
 
     /// Path slot `index` is `Free` again.
@@ -741,15 +751,14 @@ impl<V: Verbs> Lent<'_, V> {
             self.handle_cm_event(port, event, now);
         }
         let (mut done, mut empty, mut visit) = (0, 0, 0);
-        let mut batch = [WorkCompletion::default(); COMPLETION_BATCH];
         while done < self.server.config.completion_budget && empty < count && self.event_room() {
             let port = (start + visit) % count;
             visit += 1;
-            let want = batch.len().min(self.server.config.completion_budget - done);
+            let want = COMPLETION_BATCH.min(self.server.config.completion_budget - done);
             // Keep room for two events per completion.
             let room = (self.server.config.event_capacity - self.server.events.len()) / 2;
             let want = want.min(room.max(1));
-            let got = self.ports[port].poll_cq(&mut batch[..want]);
+            let got = self.ports[port].poll_cq(&mut self.server.completions[..want]);
             if got == 0 {
                 empty += 1;
                 continue;
@@ -757,8 +766,9 @@ impl<V: Verbs> Lent<'_, V> {
             empty = 0;
             busy = true;
             done += got;
-            for wc in &batch[..got] {
-                self.handle_completion(port, *wc, now, admission);
+            for at in 0..got.min(want) {
+                let wc = self.server.completions[at];
+                self.handle_completion(port, wc, now, admission);
             }
         }
         busy |= self.run_timers_and_parked(now);

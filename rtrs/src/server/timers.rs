@@ -30,8 +30,15 @@ impl<V: Verbs> Lent<'_, V> {
     }
 
     pub(super) fn run_timers_and_parked(&mut self, now: u64) -> bool {
+        if !self.server.pending && now < self.server.timers_due {
+            return false;
+        }
         let mut busy = false;
         let was_pending = core::mem::replace(&mut self.server.pending, false);
+        // The earliest deadline of the paths as the walk leaves them; a
+        // change of state on the way sets `timers_due` to 0 again.
+        self.server.timers_due = u64::MAX;
+        let mut due = u64::MAX;
         // The paths that are not free, in index order (a path freed on the
         // way drops out of the list; the walk goes on above it).
         let mut from = 0;
@@ -70,7 +77,16 @@ impl<V: Verbs> Lent<'_, V> {
                 }
                 _ => {}
             }
+            let path_due = match self.server.paths[index].state {
+                PathState::Connected => self.server.paths[index].heartbeat.next(),
+                PathState::Connecting => self.server.paths[index].setup_deadline,
+                // A closing path is looked at every call (see above).
+                PathState::Closing { .. } => 0,
+                PathState::Free => u64::MAX,
+            };
+            due = due.min(path_due);
         }
+        self.server.timers_due = self.server.timers_due.min(due);
         busy
     }
 
