@@ -16,8 +16,10 @@
 //!   Linux rnbd_server on every workload, both targets emulated alike.
 //!
 //! Beside them, the ceiling of the host's UDP loopback measured in the
-//! same run with plain sockets: a 4 KiB ping-pong between two threads
-//! (what QD1 could reach if RoCE cost nothing) and a one-way stream of
+//! same run with plain sockets: a 4 KiB ping-pong between two threads,
+//! once blocking in recvfrom(2) and once spinning on non-blocking sockets
+//! (what QD1 could reach if RoCE cost nothing, for a loop that sleeps and
+//! for one that busy-polls, `--poll-us`), and a one-way stream of
 //! 1,052-byte datagrams (one path-MTU-1024 RoCE packet each: what a
 //! transfer could reach). Not a test: it prints numbers.
 
@@ -200,37 +202,69 @@ fn parse_bench(output: &str, rw: &str) -> Result<Sample> {
     })
 }
 
-/// The raw UDP loopback ceiling: (ping-pong round trips/s, p50 us, p99 us)
-/// with 4 KiB datagrams, and one-way MB/s with 1,052-byte datagrams.
-fn udp_ceiling(seconds: u32) -> Result<(f64, f64, f64, f64)> {
+/// One raw 4 KiB UDP ping-pong between two threads.
+#[derive(Clone, Copy, Debug, Default)]
+struct PingPong {
+    round_trips: f64,
+    p50_us: f64,
+    p99_us: f64,
+}
+
+/// Receives one datagram on `socket`: blocking (its read timeout set), or
+/// busy-polling a non-blocking socket until `give_up`.
+fn receive(
+    socket: &UdpSocket,
+    buffer: &mut [u8],
+    busy: bool,
+    give_up: Duration,
+) -> std::io::Result<Option<(usize, std::net::SocketAddr)>> {
+    let started = Instant::now();
+    loop {
+        match socket.recv_from(buffer) {
+            Ok(got) => return Ok(Some(got)),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                if !busy || started.elapsed() >= give_up {
+                    return Ok(None);
+                }
+                std::hint::spin_loop();
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// A 4 KiB ping-pong for `duration`: b echoes, a measures. `busy`: both
+/// threads spin on non-blocking sockets (what busy polling compares
+/// with); otherwise both block in recvfrom(2). A lost datagram (a loaded
+/// machine drops them on loopback too) costs 500 ms, not a hang; the echo
+/// stops when told, not when it waits long.
+fn ping_pong(duration: Duration, busy: bool) -> Result<PingPong> {
     let a = UdpSocket::bind("127.0.0.1:0")?;
     let b = UdpSocket::bind("127.0.0.2:0")?;
-    let (a_addr, b_addr) = (a.local_addr()?, b.local_addr()?);
-    let duration = Duration::from_secs(u64::from(seconds).max(1));
-    // Ping-pong: b echoes, a measures. A lost datagram (a loaded machine
-    // drops them on loopback too) costs a's read timeout, not a hang; the
-    // echo stops when told, not when it waits long.
-    let echo = b.try_clone()?;
-    echo.set_read_timeout(Some(Duration::from_millis(200)))?;
+    let b_addr = b.local_addr()?;
+    a.set_nonblocking(busy)?;
+    b.set_nonblocking(busy)?;
+    a.set_read_timeout(Some(Duration::from_millis(500)))?;
+    b.set_read_timeout(Some(Duration::from_millis(200)))?;
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let echo_stop = stop.clone();
     let echo_thread = std::thread::spawn(move || {
         let mut buffer = vec![0u8; 65536];
         while !echo_stop.load(std::sync::atomic::Ordering::Relaxed) {
-            match echo.recv_from(&mut buffer) {
-                Ok((len, from)) => {
-                    let _ = echo.send_to(&buffer[..len], from);
+            match receive(&b, &mut buffer, busy, Duration::from_millis(200)) {
+                Ok(Some((len, from))) => {
+                    let _ = b.send_to(&buffer[..len], from);
                 }
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                    ) => {}
+                Ok(None) => {}
                 Err(_) => break,
             }
         }
     });
-    a.set_read_timeout(Some(Duration::from_millis(500)))?;
     let payload = vec![0x5a; 4096];
     let mut reply = vec![0u8; 65536];
     let mut latencies = Vec::with_capacity(1 << 20);
@@ -239,32 +273,32 @@ fn udp_ceiling(seconds: u32) -> Result<(f64, f64, f64, f64)> {
     while start.elapsed() < duration {
         let sent = Instant::now();
         a.send_to(&payload, b_addr)?;
-        match a.recv_from(&mut reply) {
-            Ok(_) => latencies.push(sent.elapsed().as_nanos() as f64 / 1e3),
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                ) =>
-            {
-                lost += 1;
-            }
-            Err(e) => return Err(e.into()),
+        match receive(&a, &mut reply, busy, Duration::from_millis(500))? {
+            Some(_) => latencies.push(sent.elapsed().as_nanos() as f64 / 1e3),
+            None => lost += 1,
         }
     }
     let round_trips = latencies.len() as f64 / start.elapsed().as_secs_f64();
-    // The flag, not a sentinel datagram: one the echo missed would end the
-    // stream count below at once.
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let _ = echo_thread.join();
     if lost > 0 {
         println!("  (raw ping-pong: {lost} datagrams lost, each waited 500 ms)");
     }
-    a.set_read_timeout(None)?;
     anyhow::ensure!(!latencies.is_empty(), "raw UDP ping-pong: no reply at all");
     latencies.sort_by(f64::total_cmp);
     let percentile = |p: f64| latencies[((latencies.len() as f64 - 1.0) * p) as usize];
-    let (p50, p99) = (percentile(0.5), percentile(0.99));
+    Ok(PingPong {
+        round_trips,
+        p50_us: percentile(0.5),
+        p99_us: percentile(0.99),
+    })
+}
+
+/// One-way MB/s of a stream of 1,052-byte datagrams for `duration`.
+fn udp_stream(duration: Duration) -> Result<f64> {
+    let a = UdpSocket::bind("127.0.0.1:0")?;
+    let b = UdpSocket::bind("127.0.0.2:0")?;
+    let b_addr = b.local_addr()?;
     // Stream: a sends as fast as b drains; count what b received.
     let receiver = b.try_clone()?;
     receiver.set_read_timeout(Some(Duration::from_millis(200)))?;
@@ -292,13 +326,7 @@ fn udp_ceiling(seconds: u32) -> Result<(f64, f64, f64, f64)> {
     let (bytes, _) = counter
         .join()
         .map_err(|_| anyhow::anyhow!("UDP stream thread panicked"))?;
-    let _ = a_addr;
-    Ok((
-        round_trips,
-        p50,
-        p99,
-        bytes as f64 / 1e6 / start.elapsed().as_secs_f64(),
-    ))
+    Ok(bytes as f64 / 1e6 / start.elapsed().as_secs_f64())
 }
 
 pub fn run(args: BenchInitiatorArgs) -> Result<()> {
@@ -460,7 +488,10 @@ pub fn run(args: BenchInitiatorArgs) -> Result<()> {
         "raw UDP loopback ceiling ({} s each)",
         args.runtime.min(5)
     ));
-    let (round_trips, rtt_p50, rtt_p99, stream_mb_s) = udp_ceiling(args.runtime.min(5))?;
+    let seconds = Duration::from_secs(u64::from(args.runtime.min(5)).max(1));
+    let blocking = ping_pong(seconds, false)?;
+    let busy = ping_pong(seconds, true)?;
+    let stream_mb_s = udp_stream(seconds)?;
 
     println!();
     println!(
@@ -517,20 +548,29 @@ pub fn run(args: BenchInitiatorArgs) -> Result<()> {
         }
     }
     println!("raw UDP loopback, same run:");
-    println!(
-        "  4 KiB ping-pong                  {round_trips:>9.0} round trips/s  p50 {rtt_p50:.1} us  p99 {rtt_p99:.1} us"
-    );
+    for (name, pp) in [("blocking", blocking), ("busy-polling", busy)] {
+        println!(
+            "  4 KiB ping-pong, {name:<13} {:>9.0} round trips/s  p50 {:.1} us  p99 {:.1} us",
+            pp.round_trips, pp.p50_us, pp.p99_us
+        );
+    }
     println!("  1,052-byte datagram stream       {stream_mb_s:>9.1} MB/s one way");
-    if let (Some((_, udp)), Some(qd1)) = (
-        columns.first(),
-        WORKLOADS.iter().position(|w| w.qd == 1 && w.bs == "4k"),
-    ) {
-        if rtt_p50 > 0.0 {
-            println!(
-                "  4k QD1 over the UDP link: p50 {:.1} us = x{:.1} the ping-pong's p50 (goal: at most x2)",
-                udp[qd1].p50_us,
-                udp[qd1].p50_us / rtt_p50
-            );
+    // Like with like: a loop that sleeps against the blocking ping-pong,
+    // a busy-polling one against the spinning ping-pong.
+    let (kind, reference) = if args.poll_us > 0 {
+        ("busy-polling", busy)
+    } else {
+        ("blocking", blocking)
+    };
+    if let Some(qd1) = WORKLOADS.iter().position(|w| w.qd == 1 && w.bs == "4k") {
+        for (name, samples) in columns.iter().take(2) {
+            if reference.p50_us > 0.0 {
+                println!(
+                    "  4k QD1 over {name}: p50 {:.1} us = x{:.1} the {kind} ping-pong's p50 (goal: at most x2)",
+                    samples[qd1].p50_us,
+                    samples[qd1].p50_us / reference.p50_us
+                );
+            }
         }
     }
     if std::env::var_os("BRICK_KEEP_SCRATCH").is_none() {
