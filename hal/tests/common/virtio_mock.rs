@@ -155,6 +155,18 @@ pub struct Descriptor {
     pub writable: bool,
 }
 
+/// The descriptor at `at` (16 bytes, §2.6.5): it, its flags and its next
+/// index.
+fn read_descriptor(memory: &Memory, at: u64) -> (Descriptor, u16, u16) {
+    let flags = memory.read_u16(at + 12);
+    let descriptor = Descriptor {
+        address: memory.read_u64(at),
+        len: memory.read_u32(at + 8),
+        writable: flags & 2 != 0,
+    };
+    (descriptor, flags, memory.read_u16(at + 14))
+}
+
 /// The device's view of one queue.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct DeviceQueue {
@@ -202,31 +214,24 @@ impl DeviceQueue {
                 let mut index = 0u16;
                 loop {
                     assert!(chain.len() < usize::from(entries), "indirect loop");
-                    let at = table + 16 * u64::from(index);
-                    let flags = memory.read_u16(at + 12);
+                    let (descriptor, flags, next) =
+                        read_descriptor(memory, table + 16 * u64::from(index));
                     assert_eq!(flags & 4, 0, "an indirect descriptor in a table");
-                    chain.push(Descriptor {
-                        address: memory.read_u64(at),
-                        len: memory.read_u32(at + 8),
-                        writable: flags & 2 != 0,
-                    });
+                    chain.push(descriptor);
                     if flags & 1 == 0 {
                         break;
                     }
-                    index = memory.read_u16(at + 14);
+                    index = next;
                     assert!(index < entries, "indirect chain leaves its table");
                 }
                 break;
             }
-            chain.push(Descriptor {
-                address: memory.read_u64(at),
-                len: memory.read_u32(at + 8),
-                writable: flags & 2 != 0,
-            });
+            let (descriptor, _, next) = read_descriptor(memory, at);
+            chain.push(descriptor);
             if flags & 1 == 0 {
                 break;
             }
-            id = memory.read_u16(at + 14);
+            id = next;
             assert!(id < self.size, "driver chained an out-of-range descriptor");
         }
         Some((head, chain))
