@@ -1,12 +1,13 @@
 //! The connection table: one rdma_cm id (and, once sized, one RC queue
-//! pair) per [`ConnId`], lookups by id and by queue-pair number, and the
-//! completion-queue budget every queue pair reserves from.
+//! pair with its work queues' room) per [`ConnId`], lookups by id and by
+//! queue-pair number.
 
 use std::collections::HashMap;
 
 use verbs::{ConnId, PrivateData, RecvWr};
 
 use crate::ffi;
+use crate::queues::WorkQueues;
 
 /// Receives a passive connection may have posted before it is accepted
 /// (RTRS posts one, the INFO_REQ buffer of the service connection).
@@ -50,6 +51,16 @@ pub(crate) struct Conn {
     pub(crate) dial: Option<Dial>,
     /// Completion queue (index) and entries reserved by its queue pair.
     pub(crate) reserved: (usize, u32),
+    /// Room on the queue pair's send and receive queues.
+    pub(crate) queues: WorkQueues,
+}
+
+/// What [`Conns::remove`] destroyed: the queue pair's number and its
+/// completion-queue reservation, for the caller to release and drain.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Removed {
+    pub(crate) qpn: Option<u32>,
+    pub(crate) reserved: (usize, u32),
 }
 
 const INDEX_BITS: u32 = 20;
@@ -62,15 +73,6 @@ pub(crate) struct Conns {
     by_id: HashMap<usize, ConnId>,
     by_qpn: HashMap<u32, ConnId>,
     pub(crate) listeners: Vec<(u16, *mut ffi::CmId)>,
-    /// Completion queues: each with its entries and those reserved.
-    cqs: Vec<CqSlot>,
-}
-
-/// One completion queue and its budget.
-pub(crate) struct CqSlot {
-    pub(crate) cq: *mut ffi::Cq,
-    entries: u32,
-    used: u32,
 }
 
 impl Conns {
@@ -83,40 +85,6 @@ impl Conns {
             by_id: HashMap::with_capacity(capacity),
             by_qpn: HashMap::with_capacity(capacity),
             listeners: Vec::with_capacity(4),
-            cqs: Vec::new(),
-        }
-    }
-
-    /// Adds a completion queue of `entries` entries.
-    pub(crate) fn add_cq(&mut self, cq: *mut ffi::Cq, entries: u32) {
-        self.cqs.push(CqSlot {
-            cq,
-            entries,
-            used: 0,
-        });
-    }
-
-    /// The completion queues, to poll and to destroy.
-    pub(crate) fn cqs(&self) -> impl Iterator<Item = *mut ffi::Cq> + '_ {
-        self.cqs.iter().map(|slot| slot.cq)
-    }
-
-    /// Reserves `entries` entries of the first completion queue with room
-    /// and returns it: a queue pair's completions can never overflow it.
-    pub(crate) fn reserve_cq(&mut self, entries: u32) -> Option<(usize, *mut ffi::Cq)> {
-        let (index, slot) = self
-            .cqs
-            .iter_mut()
-            .enumerate()
-            .find(|(_, slot)| slot.entries - slot.used >= entries)?;
-        slot.used += entries;
-        Some((index, slot.cq))
-    }
-
-    /// Returns entries reserved from completion queue `index`.
-    pub(crate) fn release_cq(&mut self, index: usize, entries: u32) {
-        if let Some(slot) = self.cqs.get_mut(index) {
-            slot.used = slot.used.saturating_sub(entries);
         }
     }
 
@@ -140,6 +108,7 @@ impl Conns {
             pending: Vec::with_capacity(pending),
             dial: None,
             reserved: (0, 0),
+            queues: WorkQueues::new(0, 0),
         });
         self.by_id.insert(id as usize, conn);
         Some(conn)
@@ -171,20 +140,26 @@ impl Conns {
         self.by_qpn.get(&qpn).copied()
     }
 
-    pub(crate) fn set_qp(&mut self, conn: ConnId, qpn: u32, reserved: (usize, u32)) {
+    pub(crate) fn set_qp(
+        &mut self,
+        conn: ConnId,
+        qpn: u32,
+        reserved: (usize, u32),
+        depths: (u32, u32),
+    ) {
         if let Some(c) = self.get_mut(conn) {
             c.qpn = Some(qpn);
             c.reserved = reserved;
+            c.queues = WorkQueues::new(depths.0, depths.1);
             self.by_qpn.insert(qpn, conn);
         }
     }
 
-    /// Destroys the connection's queue pair and id and frees its slot.
-    pub(crate) fn remove(&mut self, conn: ConnId) -> bool {
+    /// Destroys the connection's queue pair and id and frees its slot;
+    /// `None` if `conn` names nothing.
+    pub(crate) fn remove(&mut self, conn: ConnId) -> Option<Removed> {
         let index = (conn.0 & INDEX_MASK) as usize;
-        let Some(c) = self.get(conn) else {
-            return false;
-        };
+        let c = self.get(conn)?;
         let (id, qpn, reserved) = (c.id, c.qpn, c.reserved);
         // SAFETY: `id` is ours and destroyed once (its slot is cleared
         // below); every event of it was acknowledged when read.
@@ -193,11 +168,10 @@ impl Conns {
         if let Some(qpn) = qpn {
             self.by_qpn.remove(&qpn);
         }
-        self.release_cq(reserved.0, reserved.1);
         self.slots[index] = None;
         self.generations[index] = (self.generations[index] + 1) & (u32::MAX >> INDEX_BITS);
         self.free.push(index as u32);
-        true
+        Some(Removed { qpn, reserved })
     }
 
     pub(crate) fn destroy_all(&mut self) {
@@ -224,25 +198,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn queue_pairs_reserve_from_the_first_completion_queue_with_room() {
-        let mut conns = Conns::new(4);
-        let (a, b) = (4 as *mut ffi::Cq, 8 as *mut ffi::Cq);
-        conns.add_cq(a, 100);
-        conns.add_cq(b, 100);
-        assert_eq!(conns.reserve_cq(60), Some((0, a)));
-        assert_eq!(conns.reserve_cq(60), Some((1, b)), "40 left in the first");
-        assert_eq!(conns.reserve_cq(40), Some((0, a)));
-        assert_eq!(
-            conns.reserve_cq(41),
-            None,
-            "no queue has 41 free: refused, never overflowed"
-        );
-        conns.release_cq(1, 60);
-        assert_eq!(conns.reserve_cq(100), Some((1, b)));
-        assert_eq!(conns.cqs().count(), 2);
-    }
-
-    #[test]
     fn a_full_table_refuses_and_ids_carry_their_slot() {
         let mut conns = Conns::new(2);
         let first = conns
@@ -257,7 +212,7 @@ mod tests {
             .is_none());
         assert_eq!(conns.by_id(32 as *mut ffi::CmId), Some(second));
         assert_eq!(conns.get(second).map(|c| c.pending.capacity()), Some(4));
-        conns.set_qp(first, 77, (0, 10));
+        conns.set_qp(first, 77, (0, 10), (6, 4));
         assert_eq!(conns.by_qpn(77), Some(first));
         // A stale id (another generation of the same slot) names nothing.
         assert!(conns.get(ConnId(first.0 + (1 << INDEX_BITS))).is_none());

@@ -13,6 +13,7 @@ use verbs::{
 };
 
 use crate::conn::Conns;
+use crate::cqs::CompletionQueues;
 use crate::dma::DmaMemory;
 use crate::ffi::{self, BiSge};
 use crate::translate::ResolveSge;
@@ -103,6 +104,8 @@ pub struct IbvDevice {
     regions: HashMap<u32, Registration>,
     by_buffer: HashMap<RegionId, u32>,
     pub(crate) conns: Conns,
+    /// The completion queues every queue pair reserves its depths from.
+    pub(crate) cqs: CompletionQueues,
     /// Dropped last: the HCA may write it until every QP is gone.
     arena: Arena<DmaMemory>,
 }
@@ -138,6 +141,7 @@ impl IbvDevice {
             regions: HashMap::with_capacity(config.regions),
             by_buffer: HashMap::with_capacity(config.regions),
             conns: Conns::new(config.connections),
+            cqs: CompletionQueues::new(),
             arena: Arena::with_regions(memory, config.regions),
             config,
         };
@@ -230,7 +234,7 @@ impl IbvDevice {
                     std::io::Error::last_os_error(),
                 ));
             }
-            self.conns.add_cq(cq, entries);
+            self.cqs.add(cq, entries);
         }
         Ok(())
     }
@@ -267,9 +271,7 @@ impl IbvDevice {
     /// only if that finds nothing. Returns whether every queue was armed.
     pub fn arm(&self) -> bool {
         // SAFETY: each queue is live; arming only sets its notify state.
-        self.conns
-            .cqs()
-            .all(|cq| unsafe { ffi::bi_arm_cq(cq) } == 0)
+        self.cqs.iter().all(|cq| unsafe { ffi::bi_arm_cq(cq) } == 0)
     }
 
     /// After a sleep: takes and acknowledges the completion channel's
@@ -441,8 +443,7 @@ impl Drop for IbvDevice {
         // SAFETY (each block below): every object is owned by this device
         // and released once, children before parents (QPs and MRs are gone
         // above).
-        let cqs: Vec<*mut ffi::Cq> = self.conns.cqs().collect();
-        for cq in cqs {
+        for cq in self.cqs.iter() {
             // SAFETY: as above.
             unsafe { ffi::bi_destroy_cq(cq) };
         }

@@ -25,11 +25,13 @@
 #![warn(missing_docs)]
 
 mod conn;
+mod cqs;
 mod device;
 mod dma;
 pub mod ffi;
 mod link;
 mod provider;
+mod queues;
 mod translate;
 
 pub use device::{IbvConfig, IbvDevice, OpenError};

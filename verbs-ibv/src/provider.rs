@@ -7,10 +7,10 @@ use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use verbs::{
     AccessFlags, AllocError, CmEvent, ConnId, ConnParams, ConnectError, Lkey, MemoryHandle,
     MemoryRegion, PostError, PrivateData, RecvWr, RegError, RejectReason, Rkey, SendWr, Verbs,
-    WorkCompletion,
+    WcOpcode, WcStatus, WorkCompletion,
 };
 
-use crate::conn::{Dial, State, PENDING_RECV_PASSIVE};
+use crate::conn::{Dial, Removed, State, PENDING_RECV_PASSIVE};
 use crate::device::IbvDevice;
 use crate::ffi::{self, BiConnParam, BiEvent, BiWc};
 use crate::translate;
@@ -42,26 +42,35 @@ fn param(data: &[u8], retry: u8, rnr: u8, rr: u8, depth: u8) -> BiConnParam {
     }
 }
 
-/// Posts `requests` in batches of at most [`ffi::POST_MAX`], each
-/// translated into the C layer's form first (a translation error posts
-/// nothing of its batch); `post(batch, len)` returns 0 or a negative errno.
+/// Posts `requests` in batches of at most [`ffi::POST_MAX`] in the C
+/// layer's form. A list longer than one batch is translated whole first,
+/// so a bad request refuses the list before any of it is posted;
+/// `post(batch, len)` returns 0 or a negative errno. On a refusal by the
+/// device, returns how many requests were posted before it.
 fn post_batches<W, B: Copy + Default>(
     requests: &[W],
     translate: impl Fn(&W) -> Result<B, PostError>,
     post: impl Fn(*const B, i32) -> i32,
-) -> Result<(), PostError> {
+) -> Result<(), (usize, PostError)> {
+    if requests.len() > ffi::POST_MAX {
+        for wr in requests {
+            translate(wr).map_err(|e| (0, e))?;
+        }
+    }
     let mut batch = [B::default(); ffi::POST_MAX];
-    for chunk in requests.chunks(ffi::POST_MAX) {
+    for (n, chunk) in requests.chunks(ffi::POST_MAX).enumerate() {
         for (slot, wr) in batch.iter_mut().zip(chunk) {
-            *slot = translate(wr)?;
+            *slot = translate(wr).map_err(|e| (0, e))?;
         }
         // At most POST_MAX (16) requests: fits an i32.
         let rc = post(batch.as_ptr(), chunk.len() as i32);
-        if rc == -libc::ENOMEM {
-            return Err(PostError::QueueFull);
-        }
         if rc != 0 {
-            return Err(PostError::NotConnected);
+            let e = if rc == -libc::ENOMEM {
+                PostError::QueueFull
+            } else {
+                PostError::NotConnected
+            };
+            return Err((n * ffi::POST_MAX, e));
         }
     }
     Ok(())
@@ -78,7 +87,7 @@ impl IbvDevice {
             .get(conn)
             .ok_or(ConnectError::UnknownConnection)?
             .id;
-        let Some((cq_index, cq)) = self.conns.reserve_cq(send + recv) else {
+        let Some((cq_index, cq)) = self.cqs.reserve(send + recv) else {
             return Err(ConnectError::NoResources);
         };
         let mut qpn = 0;
@@ -86,10 +95,11 @@ impl IbvDevice {
         // SAFETY: `id`, `pd` and `cq` are live objects of this device.
         let rc = unsafe { ffi::bi_create_qp(id, self.pd, cq, send, recv, sge, &raw mut qpn) };
         if rc != 0 {
-            self.conns.release_cq(cq_index, send + recv);
+            self.cqs.release(cq_index, send + recv);
             return Err(ConnectError::NoResources);
         }
-        self.conns.set_qp(conn, qpn, (cq_index, send + recv));
+        self.conns
+            .set_qp(conn, qpn, (cq_index, send + recv), (send, recv));
         let pending = core::mem::take(
             &mut self
                 .conns
@@ -196,6 +206,37 @@ impl IbvDevice {
         }
     }
 
+    /// One raw completion: the consumer's, with its queue pair's room
+    /// freed; `None` for a queue pair no longer in the table.
+    fn deliver(&mut self, wc: &BiWc) -> Option<WorkCompletion> {
+        let conn = self.conns.by_qpn(wc.qp_num)?;
+        let out = translate::completion(wc, conn);
+        let send = !matches!(out.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm);
+        if let Some(c) = self.conns.get_mut(conn) {
+            c.queues.completed(send, out.status == WcStatus::Success);
+        }
+        Some(out)
+    }
+
+    /// Destroys `conn` (queue pair and id), returns its completion entries
+    /// and drains its queue of the completions it left (so that none is
+    /// read as those of the next queue pair given the same number).
+    fn remove(&mut self, conn: ConnId) -> bool {
+        let Some(Removed { qpn, reserved }) = self.conns.remove(conn) else {
+            return false;
+        };
+        self.cqs.release(reserved.0, reserved.1);
+        if let Some(qpn) = qpn {
+            // SAFETY: `out` has room for the `out.len()` entries asked
+            // for; the queue is live.
+            self.cqs
+                .drain_after_destroy(reserved.0, qpn, |cq, out| unsafe {
+                    ffi::bi_poll_cq(cq, out.as_mut_ptr(), out.len() as i32)
+                });
+        }
+        true
+    }
+
     fn down(&mut self, conn: ConnId, event: CmEvent) -> CmEvent {
         if let Some(c) = self.conns.get_mut(conn) {
             c.state = State::Down;
@@ -245,14 +286,34 @@ impl Verbs for IbvDevice {
         if c.qpn.is_none() || matches!(c.state, State::Requested | State::Resolving | State::Down) {
             return Err(PostError::NotConnected);
         }
+        c.queues.check_sends(requests.len())?;
         let id = c.id;
         // SAFETY: each batch holds translated requests whose SGEs lie in
         // registered memory; `id` has a queue pair.
-        post_batches(
+        let result = post_batches(
             requests,
             |wr| translate::send(self, wr),
             |batch, n| unsafe { ffi::bi_post_send(id, batch, n) },
-        )
+        );
+        let queues = &mut self
+            .conns
+            .get_mut(conn)
+            .ok_or(PostError::UnknownConnection)?
+            .queues;
+        match result {
+            Ok(()) => {
+                queues.posted_sends(requests.iter().map(|wr| wr.signaled));
+                Ok(())
+            }
+            Err((0, e)) if !matches!(e, PostError::NotConnected | PostError::QueueFull) => Err(e),
+            Err((posted, _)) => {
+                // The device refused after the room was checked: what it
+                // took cannot be taken back, the connection is done.
+                queues.posted_sends(requests[..posted].iter().map(|wr| wr.signaled));
+                queues.refused();
+                Err(PostError::NotConnected)
+            }
+        }
     }
 
     fn post_recv(&mut self, conn: ConnId, requests: &[RecvWr]) -> Result<(), PostError> {
@@ -275,18 +336,48 @@ impl Verbs for IbvDevice {
             c.pending.extend_from_slice(requests);
             return Ok(());
         }
+        c.queues.check_recvs(requests.len())?;
         // SAFETY: as in `post_send`.
-        post_batches(
+        let result = post_batches(
             requests,
             |wr| translate::recv(self, wr),
             |batch, n| unsafe { ffi::bi_post_recv(id, batch, n) },
-        )
+        );
+        let queues = &mut self
+            .conns
+            .get_mut(conn)
+            .ok_or(PostError::UnknownConnection)?
+            .queues;
+        match result {
+            Ok(()) => {
+                queues.posted_recvs(requests.len());
+                Ok(())
+            }
+            Err((0, e)) if !matches!(e, PostError::NotConnected | PostError::QueueFull) => Err(e),
+            Err((posted, _)) => {
+                queues.posted_recvs(posted);
+                queues.refused();
+                Err(PostError::NotConnected)
+            }
+        }
     }
 
     fn poll_cq(&mut self, out: &mut [WorkCompletion]) -> usize {
-        let mut raw = [BiWc::default(); ffi::POLL_MAX];
         let mut filled = 0;
-        for cq in self.conns.cqs() {
+        while filled < out.len() {
+            let Some(wc) = self.cqs.take_kept() else {
+                break;
+            };
+            if let Some(done) = self.deliver(&wc) {
+                out[filled] = done;
+                filled += 1;
+            }
+        }
+        let mut raw = [BiWc::default(); ffi::POLL_MAX];
+        for index in 0..self.cqs.len() {
+            let Some(cq) = self.cqs.get(index) else {
+                break;
+            };
             while filled < out.len() {
                 let want = (out.len() - filled).min(ffi::POLL_MAX);
                 // SAFETY: `raw` has room for `want` completions; `cq` is live.
@@ -296,8 +387,8 @@ impl Verbs for IbvDevice {
                 }
                 for wc in &raw[..got as usize] {
                     // Completions of a destroyed connection are dropped.
-                    if let Some(conn) = self.conns.by_qpn(wc.qp_num) {
-                        out[filled] = translate::completion(wc, conn);
+                    if let Some(done) = self.deliver(wc) {
+                        out[filled] = done;
                         filled += 1;
                     }
                 }
@@ -419,7 +510,7 @@ impl Verbs for IbvDevice {
         }
         // SAFETY: `id` is a live, unanswered request; the data outlives the call.
         unsafe { ffi::bi_reject(c.id, private_data.as_ptr(), private_data.len() as u8) };
-        self.conns.remove(conn);
+        self.remove(conn);
         Ok(())
     }
 
@@ -441,7 +532,7 @@ impl Verbs for IbvDevice {
     }
 
     fn destroy(&mut self, conn: ConnId) -> Result<(), ConnectError> {
-        if self.conns.remove(conn) {
+        if self.remove(conn) {
             Ok(())
         } else {
             Err(ConnectError::UnknownConnection)
