@@ -1,6 +1,7 @@
 //! UDP NIC batching: queued datagrams leave in one sendmmsg (equal-sized
-//! runs as one GSO send) and arrive through one recvmmsg, in order and
-//! intact; what does not fit is dropped and counted.
+//! runs as one GSO send) and arrive through one recvmmsg (a GSO run as one
+//! coalesced GRO receive), in order and intact; what does not fit is
+//! dropped and counted.
 
 use std::net::SocketAddr;
 
@@ -197,4 +198,56 @@ fn a_udp_link_queues_until_flushed() {
     let got = receive_all(&mut b, 2);
     assert_eq!(got[0].0, b"headpayloadicrc");
     assert_eq!(got[1].0, b"second");
+}
+
+/// Whether this kernel has UDP GRO (`UDP_GRO`, Linux 5.0).
+fn kernel_has_udp_gro() -> bool {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let mut numbers = release
+        .split(|c: char| !c.is_ascii_digit())
+        .map(|part| part.parse::<u32>().unwrap_or(0));
+    numbers.next().unwrap_or(0) >= 5
+}
+
+#[test]
+fn a_gso_run_arrives_coalesced_and_leaves_datagram_by_datagram() {
+    for gro in [true, false] {
+        let mut nics = nics(2);
+        let (b, mut a) = (nics.pop().unwrap(), nics.pop().unwrap());
+        let mut b = if gro { b } else { b.without_gro() };
+        if gro && kernel_has_udp_gro() {
+            assert!(b.coalesces(), "Linux 5.0 and later take UDP_GRO");
+        }
+        assert!(gro || !b.coalesces());
+        // A 32 KiB RDMA WRITE at path MTU 1024: equal middle packets and a
+        // shorter last one, one GSO run; then a lone SEND.
+        let mut sizes = vec![1040; 31];
+        sizes.push(300);
+        sizes.push(48);
+        let sent: Vec<Vec<u8>> = sizes
+            .iter()
+            .enumerate()
+            .map(|(index, &len)| datagram(index, len))
+            .collect();
+        for packet in &sent {
+            a.queue(b.local_addr(), packet, &[]).unwrap();
+        }
+        a.flush().unwrap();
+        assert_eq!(a.stats().gso_runs, 1, "{:?}", a.stats());
+        let got = receive_all(&mut b, sent.len());
+        let payloads: Vec<Vec<u8>> = got.iter().map(|(payload, _)| payload.clone()).collect();
+        assert_eq!(payloads, sent, "every datagram intact, in order");
+        assert!(got.iter().all(|(_, from)| *from == a.local_addr()));
+        let stats = b.stats();
+        assert_eq!(stats.datagrams_in, sent.len() as u64, "{stats:?}");
+        assert_eq!(stats.oversized_in, 0, "{stats:?}");
+        if b.coalesces() {
+            assert!(stats.coalesced_in > 0, "{stats:?}");
+            assert_eq!(stats.receive_batches, 1, "{stats:?}");
+        } else {
+            assert_eq!(stats.coalesced_in, 0, "{stats:?}");
+        }
+        // The datagrams were handed out before the socket was read again.
+        assert_eq!(b.receive(|_, _| ()), Ok(None));
+    }
 }

@@ -1,6 +1,7 @@
 //! UDP NIC tests: two sockets on 127.0.0.1 and 127.0.0.2, same port.
 
-use std::net::SocketAddr;
+use std::net::{SocketAddr, UdpSocket};
+use std::os::fd::AsRawFd;
 
 use hal::hosted::{wait_readable, Link, LinkSpec, MonotonicClock, UdpNic};
 use hal::{Clock, DatagramNic, NicError};
@@ -118,4 +119,46 @@ fn socket_buffers_are_enlarged() {
         send >= hal::hosted::udp::SOCKET_BUFFER_BYTES,
         "send buffer {send}"
     );
+}
+
+/// Sets the UDP segment size of every later send of `socket` (`UDP_SEGMENT`
+/// as a socket option; 0 turns it off).
+fn set_udp_segment(socket: &UdpSocket, size: libc::c_int) {
+    // SAFETY: the option value is one `int` read through the pointer, which
+    // points to `size` with its exact length for the call; the descriptor
+    // is open for as long as `socket` is borrowed.
+    let result = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_UDP,
+            libc::UDP_SEGMENT,
+            std::ptr::from_ref(&size).cast::<libc::c_void>(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    assert_eq!(result, 0, "{}", std::io::Error::last_os_error());
+}
+
+#[test]
+fn a_coalesced_segment_over_the_mtu_is_dropped_alone() {
+    let (_a, mut b) = pair();
+    assert_eq!(b.mtu(), 1500);
+    let raw = UdpSocket::bind("127.0.0.1:0").unwrap();
+    // Three 3000-byte datagrams in one GSO send: over b's MTU, each.
+    set_udp_segment(&raw, 3000);
+    let run: Vec<u8> = (0..9000u32).map(|i| i as u8).collect();
+    assert_eq!(raw.send_to(&run, b.local_addr()).unwrap(), run.len());
+    set_udp_segment(&raw, 0);
+    let normal: Vec<u8> = (0..1000u32).map(|i| (i * 3) as u8).collect();
+    raw.send_to(&normal, b.local_addr()).unwrap();
+    let (got, from) = receive(&mut b).expect("the normal datagram arrives");
+    assert_eq!(got, normal);
+    assert_eq!(from, raw.local_addr().unwrap());
+    let stats = b.stats();
+    assert_eq!(stats.oversized_in, 3, "each big datagram dropped {stats:?}");
+    assert_eq!(stats.datagrams_in, 1, "{stats:?}");
+    if b.coalesces() {
+        assert_eq!(stats.coalesced_in, 1, "the run came as one {stats:?}");
+    }
+    assert_eq!(b.receive(|_, _| ()), Ok(None));
 }

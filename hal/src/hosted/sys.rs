@@ -1,6 +1,6 @@
 //! The hosted system calls std lacks: ppoll(2), vectored sendto, batched
-//! recvmmsg(2)/sendmmsg(2) with UDP segmentation offload, fallocate(2) and
-//! the block-device ioctls.
+//! recvmmsg(2)/sendmmsg(2) with UDP segmentation and receive offload,
+//! fallocate(2) and the block-device ioctls.
 //!
 //! The only `unsafe` of the crate. Each wrapper borrows everything the
 //! kernel reads or writes for the duration of the call and returns
@@ -152,19 +152,89 @@ pub(crate) const MAX_BATCH: usize = 64;
 /// Most segments the kernel cuts one UDP GSO send into (`UDP_MAX_SEGMENTS`).
 pub(crate) const MAX_GSO_SEGMENTS: usize = 64;
 
-/// One datagram [`receive_batch`] took: its length (in its slot), sender,
-/// and whether it was longer than the slot (then its tail is lost).
+/// One receive [`receive_batch`] took: its length (in its slot), sender,
+/// whether it was longer than the slot (then its tail is lost) and, when
+/// the kernel coalesced datagrams into it (UDP GRO), their size.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Received {
     pub(crate) len: usize,
     pub(crate) from: Option<SocketAddr>,
     pub(crate) truncated: bool,
+    /// `Some(size)`: the bytes are datagrams of `size` (the last may be
+    /// shorter) that the kernel delivered as one (the `UDP_GRO` control
+    /// message); `None`: they are one datagram.
+    pub(crate) segment: Option<usize>,
+}
+
+/// Room for the control messages of one received datagram: the `UDP_GRO`
+/// one (`CMSG_SPACE(sizeof(int))`, 24 bytes) with room to spare; the
+/// `cmsghdr` field aligns it as the kernel's headers must be.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct ReceiveControl {
+    header: libc::cmsghdr,
+    rest: [u8; 48],
+}
+
+/// The segment size of a `UDP_GRO` control message at `message`'s control
+/// buffer, if there is one.
+///
+/// # Safety
+///
+/// `message.msg_control` points to `message.msg_controllen` readable bytes
+/// (as recvmmsg left them), 8-aligned, alive for the call.
+unsafe fn gro_segment(message: &libc::msghdr) -> Option<usize> {
+    // SAFETY: `message` is a valid msghdr; CMSG_FIRSTHDR reads only its
+    // control pointer and length and returns null or a pointer inside the
+    // buffer the caller vouches for.
+    let mut control = unsafe { libc::CMSG_FIRSTHDR(message) };
+    while !control.is_null() {
+        // SAFETY: CMSG_FIRSTHDR/CMSG_NXTHDR return only headers that lie
+        // wholly inside the `msg_controllen` bytes the caller vouches for,
+        // at CMSG_ALIGN (8-byte) offsets of an 8-aligned buffer.
+        let header = unsafe { control.read() };
+        if header.cmsg_level == libc::SOL_UDP && header.cmsg_type == libc::UDP_GRO {
+            // SAFETY: CMSG_LEN only does arithmetic.
+            let data_offset = unsafe { libc::CMSG_LEN(0) } as usize;
+            let data_len = header.cmsg_len.saturating_sub(data_offset);
+            let end = (control as usize)
+                .saturating_add(header.cmsg_len)
+                .saturating_sub(message.msg_control as usize);
+            if end > message.msg_controllen {
+                // The kernel cut the message short (MSG_CTRUNC).
+                return None;
+            }
+            // SAFETY: CMSG_DATA is pointer arithmetic to the data that
+            // follows the header, `data_len` bytes of which were just
+            // checked to lie inside the control buffer.
+            let data = unsafe { libc::CMSG_DATA(control) };
+            let size = if data_len >= size_of::<libc::c_int>() {
+                // SAFETY: at least 4 readable bytes at `data` (above);
+                // read_unaligned needs no alignment. The kernel writes an
+                // `int` gso_size.
+                usize::try_from(unsafe { data.cast::<libc::c_int>().read_unaligned() }).ok()
+            } else if data_len >= size_of::<u16>() {
+                // SAFETY: at least 2 readable bytes at `data` (above);
+                // read_unaligned needs no alignment.
+                Some(usize::from(unsafe { data.cast::<u16>().read_unaligned() }))
+            } else {
+                None
+            };
+            return size.filter(|&size| size > 0);
+        }
+        // SAFETY: `control` is a header inside the buffer (above);
+        // CMSG_NXTHDR checks the next one against `msg_controllen` and
+        // returns null past the end.
+        control = unsafe { libc::CMSG_NXTHDR(message, control) };
+    }
+    None
 }
 
 /// recvmmsg(2) without blocking: up to `out.len()` (at most [`MAX_BATCH`])
-/// datagrams, the `i`-th into `buffer[i * slot_len..][..slot_len]`, its
-/// length and sender into `out[i]`. Returns how many arrived (0 when none
-/// was waiting).
+/// receives, the `i`-th into `buffer[i * slot_len..][..slot_len]`, its
+/// length, sender and GRO segment size into `out[i]`. Returns how many
+/// arrived (0 when none was waiting). A receive holds several datagrams
+/// only on a socket with [`enable_udp_gro`].
 pub(crate) fn receive_batch(
     socket: BorrowedFd<'_>,
     buffer: &mut [u8],
@@ -180,14 +250,22 @@ pub(crate) fn receive_batch(
     };
     let mut iovecs = [empty_iovec; MAX_BATCH];
     let mut names: [RawSocketAddr; MAX_BATCH] = std::array::from_fn(|_| RawSocketAddr::blank());
+    // SAFETY: cmsghdr is plain old data; all-zero is a valid value, and
+    // the kernel overwrites what it uses.
+    let zero_header: libc::cmsghdr = unsafe { std::mem::zeroed() };
+    let mut controls = [ReceiveControl {
+        header: zero_header,
+        rest: [0; 48],
+    }; MAX_BATCH];
     // SAFETY: mmsghdr is plain old data (pointers and integers); all-zero
     // is a valid (empty) value, overwritten below for the entries used.
     let mut messages: [libc::mmsghdr; MAX_BATCH] = unsafe { std::mem::zeroed() };
     let mut count = 0;
-    for ((slot, iovec), (name, message)) in buffer
+    for (((slot, iovec), (name, message)), control) in buffer
         .chunks_exact_mut(slot_len)
         .zip(iovecs.iter_mut())
         .zip(names.iter_mut().zip(messages.iter_mut()))
+        .zip(controls.iter_mut())
         .take(out.len())
     {
         *iovec = libc::iovec {
@@ -199,13 +277,16 @@ pub(crate) fn receive_batch(
         message.msg_hdr.msg_namelen = msg_namelen;
         message.msg_hdr.msg_iov = ptr::from_mut(iovec);
         message.msg_hdr.msg_iovlen = 1;
+        message.msg_hdr.msg_control = ptr::from_mut(control).cast();
+        message.msg_hdr.msg_controllen = size_of::<ReceiveControl>();
         count += 1;
     }
     let vlen = libc::c_uint::try_from(count).unwrap_or(0);
     // SAFETY: the first `vlen` entries of `messages` each point to one
-    // iovec covering a disjoint slot of the exclusively borrowed `buffer`
-    // and to a sockaddr buffer of `msg_namelen` bytes in `names`; all live
-    // on this frame or in borrowed memory until the call returns. A null
+    // iovec covering a disjoint slot of the exclusively borrowed `buffer`,
+    // to a sockaddr buffer of `msg_namelen` bytes in `names` and to a
+    // control buffer of `msg_controllen` bytes in `controls`; all live on
+    // this frame or in borrowed memory until the call returns. A null
     // timeout with MSG_DONTWAIT returns at once; `socket` is open.
     let got = unsafe {
         libc::recvmmsg(
@@ -228,6 +309,11 @@ pub(crate) fn receive_batch(
             len: usize::try_from(message.msg_len).unwrap_or(0).min(slot_len),
             from: name.to_socket_addr(),
             truncated: message.msg_hdr.msg_flags & libc::MSG_TRUNC != 0,
+            // SAFETY: `msg_control` points into `controls` (8-aligned by
+            // its cmsghdr field), still alive, and recvmmsg set
+            // `msg_controllen` to the bytes it wrote there, at most the
+            // `size_of::<ReceiveControl>()` it was given.
+            segment: unsafe { gro_segment(&message.msg_hdr) },
         };
     }
     Ok(got)
@@ -436,6 +522,27 @@ fn int_option(socket: BorrowedFd<'_>, level: libc::c_int, name: libc::c_int) -> 
         return Err(io::Error::last_os_error());
     }
     Ok(value)
+}
+
+/// Turns UDP receive offload on (`UDP_GRO`): the kernel may deliver a
+/// run of datagrams from one sender as one receive, their size in a
+/// control message that [`receive_batch`] reads into
+/// [`Received::segment`].
+///
+/// # Errors
+///
+/// The setsockopt error (`ENOPROTOOPT` before Linux 5.0).
+pub(crate) fn enable_udp_gro(socket: BorrowedFd<'_>) -> io::Result<()> {
+    set_int_option(socket, libc::SOL_UDP, libc::UDP_GRO, 1)
+}
+
+/// Turns UDP receive offload off again: every receive is one datagram.
+///
+/// # Errors
+///
+/// The setsockopt error.
+pub(crate) fn disable_udp_gro(socket: BorrowedFd<'_>) -> io::Result<()> {
+    set_int_option(socket, libc::SOL_UDP, libc::UDP_GRO, 0)
 }
 
 /// Asks for `bytes` of socket receive and send buffer: `SO_RCVBUF` /

@@ -16,14 +16,24 @@
 //!
 //! Batching, so a burst costs one system call, not one per packet:
 //!
-//! * Receive takes up to [`BATCH`] datagrams with one recvmmsg(2) into a
-//!   ring of slots allocated at bind time and hands them out one per
-//!   [`DatagramNic::receive`]; the socket is read again when the ring is
-//!   empty. A batch that did not fill the ring drained the socket: the
+//! * Receive takes up to [`BATCH`] receives with one recvmmsg(2) into a
+//!   ring of slots allocated at bind time and hands them out one datagram
+//!   per [`DatagramNic::receive`]; the socket is read again when the ring
+//!   is empty. A batch that did not fill the ring drained the socket: the
 //!   call after its last datagram answers "nothing" without a system call
-//!   (the end of the burst), and the one after that reads again. A slot holds one IP-MTU datagram, as a NIC's RX buffer holds
-//!   one MTU frame: a longer datagram is dropped and counted
-//!   ([`UdpStats::oversized_in`]).
+//!   (the end of the burst), and the one after that reads again. The
+//!   socket asks for UDP receive offload (`UDP_GRO`): the kernel may hand
+//!   a run of equal-sized datagrams from one sender — a GSO send of the
+//!   peer — up in one piece, one pass up its stack for the run, with the
+//!   datagram size beside it; each slot is then [`GRO_SLOT_LEN`] (64 KiB,
+//!   the largest such run) and a coalesced receive is cut back into its
+//!   datagrams, handed out in order before the socket is read again
+//!   ([`UdpStats::coalesced_in`] counts them; [`UdpNic::without_gro`]
+//!   turns it off, and a kernel that refuses it, before Linux 5.0, runs
+//!   without). A datagram longer than the MTU's (the slot length without
+//!   GRO, as a NIC's RX buffer holds one MTU frame) is dropped and counted
+//!   ([`UdpStats::oversized_in`]) — each one alone, also inside a
+//!   coalesced receive, whatever segment size the kernel reports.
 //! * [`UdpNic::queue`] copies a datagram into a TX slot (the engine's
 //!   slices are borrowed for the call only); [`UdpNic::flush`] sends every
 //!   queued datagram with one sendmmsg(2). Runs of datagrams to one peer
@@ -58,6 +68,9 @@ pub const BATCH: usize = MAX_BATCH;
 const DEFAULT_MTU: usize = 1500;
 /// Smallest slot: a 576-byte IP MTU's datagram, rounded up.
 const MIN_SLOT_LEN: usize = 576;
+/// Bytes per receive slot with UDP GRO: the largest run of datagrams the
+/// kernel coalesces into one receive (64 KiB, a GSO packet's limit).
+pub const GRO_SLOT_LEN: usize = 64 << 10;
 
 /// What the NIC did, for tests and statistics.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -66,8 +79,10 @@ pub struct UdpStats {
     pub datagrams_in: u64,
     /// recvmmsg calls that returned datagrams.
     pub receive_batches: u64,
-    /// Datagrams dropped on receive: longer than a slot (the MTU).
+    /// Datagrams dropped on receive: longer than the MTU's datagram.
     pub oversized_in: u64,
+    /// Receives that held more than one datagram (coalesced by UDP GRO).
+    pub coalesced_in: u64,
     /// Datagrams the kernel took.
     pub datagrams_out: u64,
     /// sendmmsg / sendmsg calls that sent something.
@@ -97,14 +112,20 @@ pub struct UdpNic {
 
 /// The receive and transmit slots of a [`UdpNic`].
 struct Ring {
-    /// Bytes per RX and TX slot: the largest datagram of the MTU.
+    /// Bytes per TX slot, and the longest datagram received: the largest
+    /// datagram of the MTU.
     slot_len: usize,
+    /// Bytes per RX slot: `slot_len`, or [`GRO_SLOT_LEN`] with GRO.
+    rx_slot_len: usize,
     /// [`BATCH`] receive slots.
     rx: Box<[u8]>,
     rx_meta: Box<[Received]>,
     /// The next slot to hand out, and how many the last batch filled.
     rx_next: usize,
     rx_count: usize,
+    /// Bytes of slot `rx_next` already handed out (a coalesced receive
+    /// leaves datagram by datagram).
+    rx_offset: usize,
     /// The last batch did not fill the ring: the socket was empty then,
     /// so the next empty-ring call answers "nothing" without reading.
     rx_drained: bool,
@@ -114,23 +135,70 @@ struct Ring {
     tx_count: usize,
     /// UDP GSO is used (until the kernel refuses it).
     gso: bool,
+    /// The socket has UDP GRO on (the RX slots are [`GRO_SLOT_LEN`]).
+    gro: bool,
     stats: UdpStats,
 }
 
 impl Ring {
-    fn new(slot_len: usize) -> Self {
+    fn new(slot_len: usize, gso: bool, gro: bool) -> Self {
+        let rx_slot_len = if gro {
+            GRO_SLOT_LEN.max(slot_len)
+        } else {
+            slot_len
+        };
         Self {
             slot_len,
-            rx: vec![0; BATCH * slot_len].into_boxed_slice(),
+            rx_slot_len,
+            rx: vec![0; BATCH * rx_slot_len].into_boxed_slice(),
             rx_meta: vec![Received::default(); BATCH].into_boxed_slice(),
             rx_next: 0,
             rx_count: 0,
+            rx_offset: 0,
             rx_drained: false,
             tx: vec![0; BATCH * slot_len].into_boxed_slice(),
             tx_meta: vec![None; BATCH].into_boxed_slice(),
             tx_count: 0,
-            gso: true,
+            gso,
+            gro,
             stats: UdpStats::default(),
+        }
+    }
+
+    /// The next datagram of the receive at `rx_next` (which must be one
+    /// the last batch filled): its range in `rx` and its sender, or `None`
+    /// when it is dropped (longer than the MTU's datagram, cut short by
+    /// the slot, or from an unknown address family), counted. Moves on.
+    fn take_datagram(&mut self) -> Option<(std::ops::Range<usize>, SocketAddr)> {
+        let index = self.rx_next;
+        let meta = self.rx_meta[index];
+        let offset = self.rx_offset;
+        let remaining = meta.len.saturating_sub(offset);
+        // A receive without a segment size is one datagram; with one, the
+        // kernel cut it into datagrams of that size, the last possibly
+        // shorter (a size of 0 is no size).
+        let len = meta
+            .segment
+            .filter(|&size| size > 0)
+            .map_or(remaining, |size| size.min(remaining));
+        let last = len == remaining;
+        if last {
+            self.rx_next += 1;
+            self.rx_offset = 0;
+        } else {
+            self.rx_offset += len;
+        }
+        // The slot's end cut the last datagram (or what followed it) off.
+        let intact = !(last && meta.truncated);
+        match meta.from {
+            Some(from) if intact && len <= self.slot_len => {
+                let start = index * self.rx_slot_len + offset;
+                Some((start..start + len, from))
+            }
+            _ => {
+                self.stats.oversized_in += 1;
+                None
+            }
         }
     }
 }
@@ -157,11 +225,14 @@ impl UdpNic {
         socket.set_nonblocking(true)?;
         sys::set_socket_buffers(socket.as_fd(), SOCKET_BUFFER_BYTES)?;
         let local = socket.local_addr()?;
+        // A kernel without UDP GRO (before 5.0) delivers datagram by
+        // datagram: run like that.
+        let gro = sys::enable_udp_gro(socket.as_fd()).is_ok();
         Ok(Self {
             socket,
             local,
             mtu: DEFAULT_MTU,
-            ring: Box::new(Ring::new(slot_len_for(DEFAULT_MTU))),
+            ring: Box::new(Ring::new(slot_len_for(DEFAULT_MTU), true, gro)),
         })
     }
 
@@ -172,9 +243,7 @@ impl UdpNic {
         self.mtu = mtu;
         let slot_len = slot_len_for(mtu);
         if slot_len != self.ring.slot_len {
-            let gso = self.ring.gso;
-            self.ring = Box::new(Ring::new(slot_len));
-            self.ring.gso = gso;
+            self.ring = Box::new(Ring::new(slot_len, self.ring.gso, self.ring.gro));
         }
         self
     }
@@ -203,6 +272,21 @@ impl UdpNic {
     pub fn without_gso(mut self) -> Self {
         self.ring.gso = false;
         self
+    }
+
+    /// Turns UDP GRO off (on by default where the kernel has it), e.g. to
+    /// measure what it saves: every receive is then one datagram, into
+    /// MTU-sized slots (call before traffic: what is buffered is dropped).
+    pub fn without_gro(mut self) -> Self {
+        if self.ring.gro && sys::disable_udp_gro(self.socket.as_fd()).is_ok() {
+            self.ring = Box::new(Ring::new(self.ring.slot_len, self.ring.gso, false));
+        }
+        self
+    }
+
+    /// Whether the kernel may coalesce received datagrams (UDP GRO is on).
+    pub fn coalesces(&self) -> bool {
+        self.ring.gro
     }
 
     /// Whether queued datagrams wait for [`UdpNic::flush`].
@@ -416,30 +500,30 @@ impl DatagramNic for UdpNic {
                     // level-triggered poll) reads the socket again.
                     return Ok(None);
                 }
+                let ring = &mut *self.ring;
                 let got = sys::receive_batch(
                     self.socket.as_fd(),
-                    &mut self.ring.rx,
-                    self.ring.slot_len,
-                    &mut self.ring.rx_meta,
+                    &mut ring.rx,
+                    ring.rx_slot_len,
+                    &mut ring.rx_meta,
                 )
                 .map_err(|error| os_error(&error))?;
                 if got == 0 {
                     return Ok(None);
                 }
-                self.ring.rx_count = got;
-                self.ring.rx_drained = got < BATCH;
-                self.ring.stats.receive_batches += 1;
+                ring.rx_count = got;
+                ring.rx_drained = got < BATCH;
+                ring.stats.receive_batches += 1;
+                ring.stats.coalesced_in += ring.rx_meta[..got]
+                    .iter()
+                    .filter(|meta| meta.segment.is_some_and(|size| meta.len > size))
+                    .count() as u64;
             }
-            let index = self.ring.rx_next;
-            self.ring.rx_next += 1;
-            let meta = self.ring.rx_meta[index];
-            let Some(from) = meta.from.filter(|_| !meta.truncated) else {
-                self.ring.stats.oversized_in += 1;
+            let Some((range, from)) = self.ring.take_datagram() else {
                 continue;
             };
             self.ring.stats.datagrams_in += 1;
-            let datagram = &self.ring.rx[index * self.ring.slot_len..][..meta.len];
-            return Ok(Some(f(datagram, from)));
+            return Ok(Some(f(&self.ring.rx[range], from)));
         }
     }
 
