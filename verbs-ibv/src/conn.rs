@@ -55,12 +55,13 @@ pub(crate) struct Conn {
     pub(crate) queues: WorkQueues,
 }
 
-/// What [`Conns::remove`] destroyed: the queue pair's number and its
-/// completion-queue reservation, for the caller to release and drain.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// What [`Conns::remove`] destroyed: the queue pair's number, its
+/// completion-queue reservation and its requests left, for the caller to
+/// release, drain and unpin.
 pub(crate) struct Removed {
     pub(crate) qpn: Option<u32>,
     pub(crate) reserved: (usize, u32),
+    pub(crate) queues: WorkQueues,
 }
 
 const INDEX_BITS: u32 = 20;
@@ -159,8 +160,9 @@ impl Conns {
     /// `None` if `conn` names nothing.
     pub(crate) fn remove(&mut self, conn: ConnId) -> Option<Removed> {
         let index = (conn.0 & INDEX_MASK) as usize;
-        let c = self.get(conn)?;
+        let c = self.get_mut(conn)?;
         let (id, qpn, reserved) = (c.id, c.qpn, c.reserved);
+        let queues = core::mem::replace(&mut c.queues, WorkQueues::new(0, 0));
         // SAFETY: `id` is ours and destroyed once (its slot is cleared
         // below); every event of it was acknowledged when read.
         unsafe { ffi::bi_destroy(id) };
@@ -171,7 +173,11 @@ impl Conns {
         self.slots[index] = None;
         self.generations[index] = (self.generations[index] + 1) & (u32::MAX >> INDEX_BITS);
         self.free.push(index as u32);
-        Some(Removed { qpn, reserved })
+        Some(Removed {
+            qpn,
+            reserved,
+            queues,
+        })
     }
 
     pub(crate) fn destroy_all(&mut self) {

@@ -85,6 +85,26 @@ pub(crate) struct Registration {
     addr: u64,
     access: AccessFlags,
     rkey: Rkey,
+    /// Posted requests that name the region and have not completed.
+    pins: u32,
+}
+
+/// The registrations by the HCA's lkey.
+pub(crate) type Regions = HashMap<u32, Registration>;
+
+/// A posted request names `lkey`: the region stays registered until it
+/// completes.
+pub(crate) fn pin(regions: &mut Regions, lkey: u32) {
+    if let Some(reg) = regions.get_mut(&lkey) {
+        reg.pins = reg.pins.saturating_add(1);
+    }
+}
+
+/// A request that named `lkey` completed (or its queue pair is gone).
+pub(crate) fn unpin(regions: &mut Regions, lkey: u32) {
+    if let Some(reg) = regions.get_mut(&lkey) {
+        reg.pins = reg.pins.saturating_sub(1);
+    }
 }
 
 /// An RDMA device port with Brick's memory and connections, implementing
@@ -101,7 +121,7 @@ pub struct IbvDevice {
     pub(crate) limits: ffi::BiLimits,
     device_name: String,
     /// Registrations by the HCA's lkey, and the lkey of each buffer.
-    regions: HashMap<u32, Registration>,
+    pub(crate) regions: Regions,
     by_buffer: HashMap<RegionId, u32>,
     pub(crate) conns: Conns,
     /// The completion queues every queue pair reserves its depths from.
@@ -362,6 +382,7 @@ impl IbvDevice {
                 addr,
                 access,
                 rkey: Rkey(rkey),
+                pins: 0,
             },
         );
         self.by_buffer.insert(buffer.region(), lkey);
@@ -375,6 +396,11 @@ impl IbvDevice {
     }
 
     pub(crate) fn deregister(&mut self, lkey: Lkey) -> Result<(), RegError> {
+        match self.regions.get(&lkey.0) {
+            None => return Err(RegError::InvalidKey),
+            Some(reg) if reg.pins > 0 => return Err(RegError::Busy),
+            Some(_) => {}
+        }
         let reg = self.regions.remove(&lkey.0).ok_or(RegError::InvalidKey)?;
         self.by_buffer.remove(&reg.handle.region());
         // SAFETY: `mr` came from `bi_reg_mr` and is deregistered once.
@@ -436,6 +462,10 @@ impl Drop for IbvDevice {
             self.disarm();
         }
         self.conns.destroy_all();
+        // Every queue pair is gone: nothing the HCA holds names a region.
+        for reg in self.regions.values_mut() {
+            reg.pins = 0;
+        }
         let keys: Vec<u32> = self.regions.keys().copied().collect();
         for lkey in keys {
             let _ = self.deregister(Lkey(lkey));

@@ -11,7 +11,7 @@ use verbs::{
 };
 
 use crate::conn::{Dial, Removed, State, PENDING_RECV_PASSIVE};
-use crate::device::IbvDevice;
+use crate::device::{self, IbvDevice};
 use crate::ffi::{self, BiConnParam, BiEvent, BiWc};
 use crate::translate;
 
@@ -212,8 +212,11 @@ impl IbvDevice {
         let conn = self.conns.by_qpn(wc.qp_num)?;
         let out = translate::completion(wc, conn);
         let send = !matches!(out.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm);
+        let ok = out.status == WcStatus::Success;
+        let regions = &mut self.regions;
         if let Some(c) = self.conns.get_mut(conn) {
-            c.queues.completed(send, out.status == WcStatus::Success);
+            c.queues
+                .completed(send, ok, wc.wr_id, |lkey| device::unpin(regions, lkey));
         }
         Some(out)
     }
@@ -222,9 +225,16 @@ impl IbvDevice {
     /// and drains its queue of the completions it left (so that none is
     /// read as those of the next queue pair given the same number).
     fn remove(&mut self, conn: ConnId) -> bool {
-        let Some(Removed { qpn, reserved }) = self.conns.remove(conn) else {
+        let Some(Removed {
+            qpn,
+            reserved,
+            mut queues,
+        }) = self.conns.remove(conn)
+        else {
             return false;
         };
+        let regions = &mut self.regions;
+        queues.retire_all(|lkey| device::unpin(regions, lkey));
         self.cqs.release(reserved.0, reserved.1);
         if let Some(qpn) = qpn {
             // SAFETY: `out` has room for the `out.len()` entries asked
@@ -295,25 +305,30 @@ impl Verbs for IbvDevice {
             |wr| translate::send(self, wr),
             |batch, n| unsafe { ffi::bi_post_send(id, batch, n) },
         );
-        let queues = &mut self
+        let (posted, outcome) = match result {
+            Ok(()) => (requests.len(), Ok(())),
+            Err((0, e)) if !matches!(e, PostError::NotConnected | PostError::QueueFull) => {
+                return Err(e)
+            }
+            // The device refused after the room was checked: what it took
+            // cannot be taken back, the connection is done.
+            Err((posted, _)) => (posted, Err(PostError::NotConnected)),
+        };
+        let regions = &mut self.regions;
+        let c = self
             .conns
             .get_mut(conn)
-            .ok_or(PostError::UnknownConnection)?
-            .queues;
-        match result {
-            Ok(()) => {
-                queues.posted_sends(requests.iter().map(|wr| wr.signaled));
-                Ok(())
-            }
-            Err((0, e)) if !matches!(e, PostError::NotConnected | PostError::QueueFull) => Err(e),
-            Err((posted, _)) => {
-                // The device refused after the room was checked: what it
-                // took cannot be taken back, the connection is done.
-                queues.posted_sends(requests[..posted].iter().map(|wr| wr.signaled));
-                queues.refused();
-                Err(PostError::NotConnected)
+            .ok_or(PostError::UnknownConnection)?;
+        for wr in &requests[..posted] {
+            c.queues.posted_send(wr.wr_id.0, wr.signaled, wr.op.sgl());
+            for sge in wr.op.sgl() {
+                device::pin(regions, sge.lkey.0);
             }
         }
+        if outcome.is_err() {
+            c.queues.refused();
+        }
+        outcome
     }
 
     fn post_recv(&mut self, conn: ConnId, requests: &[RecvWr]) -> Result<(), PostError> {
@@ -343,23 +358,28 @@ impl Verbs for IbvDevice {
             |wr| translate::recv(self, wr),
             |batch, n| unsafe { ffi::bi_post_recv(id, batch, n) },
         );
-        let queues = &mut self
+        let (posted, outcome) = match result {
+            Ok(()) => (requests.len(), Ok(())),
+            Err((0, e)) if !matches!(e, PostError::NotConnected | PostError::QueueFull) => {
+                return Err(e)
+            }
+            Err((posted, _)) => (posted, Err(PostError::NotConnected)),
+        };
+        let regions = &mut self.regions;
+        let c = self
             .conns
             .get_mut(conn)
-            .ok_or(PostError::UnknownConnection)?
-            .queues;
-        match result {
-            Ok(()) => {
-                queues.posted_recvs(requests.len());
-                Ok(())
-            }
-            Err((0, e)) if !matches!(e, PostError::NotConnected | PostError::QueueFull) => Err(e),
-            Err((posted, _)) => {
-                queues.posted_recvs(posted);
-                queues.refused();
-                Err(PostError::NotConnected)
+            .ok_or(PostError::UnknownConnection)?;
+        for wr in &requests[..posted] {
+            c.queues.posted_recv(wr.wr_id.0, wr.sgl.as_slice());
+            for sge in wr.sgl.as_slice() {
+                device::pin(regions, sge.lkey.0);
             }
         }
+        if outcome.is_err() {
+            c.queues.refused();
+        }
+        outcome
     }
 
     fn poll_cq(&mut self, out: &mut [WorkCompletion]) -> usize {
