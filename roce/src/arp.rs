@@ -467,6 +467,15 @@ impl<const N: usize> Arp<N> {
             .min()
     }
 
+    /// Whether [`Arp::poll`] at `now` has anything to do (false: it would
+    /// return `None` and change nothing). One pass over the table.
+    #[inline]
+    pub fn is_due(&self, now: u64) -> bool {
+        self.entries
+            .iter()
+            .any(|e| e.deadline <= now || e.reply_due.is_some_and(|due| due <= now))
+    }
+
     /// Runs the timers due at `now` and returns at most one frame to send (call
     /// again until `None`). Bounded: one pass over the table per call.
     pub fn poll(&mut self, now: u64) -> Option<ArpFrame> {

@@ -944,6 +944,12 @@ where
     /// was sent (call again soon if so).
     pub fn poll<F: FrameSink + ?Sized>(&mut self, now: u64, sink: &mut F) -> bool {
         self.now = self.now.max(now);
+        if self.is_quiet(now) {
+            // What the walk below would conclude, without the calls: no
+            // timer due, nothing queued, no QP to visit.
+            self.cm_dirty = false;
+            return false;
+        }
         let mut budget = MAX_TX_BURST;
         // Control path.
         if self.cm.poll(now) {
@@ -1031,6 +1037,23 @@ where
             self.wake.settle();
         }
         budget < MAX_TX_BURST
+    }
+
+    /// Whether [`Hca::poll`] at `now` would send nothing and change nothing
+    /// but `cm_dirty`: no CM or ARP timer due, no connection resolving or
+    /// failed, no CM event, ARP frame or MAD queued and no QP due. O(1) but
+    /// for the ARP table's entries.
+    #[inline]
+    fn is_quiet(&self, now: u64) -> bool {
+        !self.wake.any_due(now)
+            && self.arp_out.is_empty()
+            && self.mad_out.is_none()
+            && self.resolving.is_empty()
+            && self.failed.is_empty()
+            && !self.cm.has_output()
+            && !self.cm.has_events()
+            && !self.cm.timers_due(now)
+            && !self.arp.is_due(now)
     }
 
     /// [`Hca::poll`] for [`LinkMode::Udp`]: the same packets, each handed to
@@ -1368,7 +1391,9 @@ where
     }
 
     fn poll_cm_event(&mut self) -> Option<CmEvent> {
-        self.drain_cm_events();
+        if self.cm.has_events() {
+            self.drain_cm_events();
+        }
         self.events.pop_front()
     }
 }

@@ -24,6 +24,13 @@ impl<const N: usize> Cm<N> {
             .min()
     }
 
+    /// Whether [`Cm::poll`] at `now` may have a timer to run (false: it
+    /// would return at once). O(1).
+    #[inline]
+    pub fn timers_due(&self, now: u64) -> bool {
+        now >= self.earliest
+    }
+
     /// Runs the timers due at `now`: retransmits REQ/REP/DREQ, gives up after the
     /// last retry (REJ reason 4 / timewait, with an event), ends timewaits and
     /// rejects requests the consumer left unanswered. Bounded: one pass over the
