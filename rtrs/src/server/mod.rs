@@ -731,29 +731,42 @@ impl<V: Verbs> Server<V> {
     }
 }
 
+/// The port after `port` of `count`, round robin (`port < count`).
+#[inline]
+fn next_port(port: usize, count: usize) -> usize {
+    if port + 1 < count {
+        port + 1
+    } else {
+        0
+    }
+}
+
 impl<V: Verbs> Lent<'_, V> {
     fn poll(&mut self, now: u64, admission: &mut impl Admission) -> bool {
         let mut busy = false;
         let count = self.server.port_count;
-        let start = self.server.next_port % count;
-        self.server.next_port = (start + 1) % count;
-        let (mut handled, mut empty, mut visit) = (0, 0, 0);
+        let start = match self.server.next_port {
+            next if next < count => next,
+            next => next % count,
+        };
+        self.server.next_port = next_port(start, count);
+        let (mut handled, mut empty, mut port) = (0, 0, start);
         while handled < self.server.config.cm_budget && empty < count && self.event_room() {
-            let port = (start + visit) % count;
-            visit += 1;
-            let Some(event) = self.ports[port].poll_cm_event() else {
+            let visited = port;
+            port = next_port(port, count);
+            let Some(event) = self.ports[visited].poll_cm_event() else {
                 empty += 1;
                 continue;
             };
             empty = 0;
             handled += 1;
             busy = true;
-            self.handle_cm_event(port, event, now);
+            self.handle_cm_event(visited, event, now);
         }
-        let (mut done, mut empty, mut visit) = (0, 0, 0);
+        let (mut done, mut empty, mut next) = (0, 0, start);
         while done < self.server.config.completion_budget && empty < count && self.event_room() {
-            let port = (start + visit) % count;
-            visit += 1;
+            let port = next;
+            next = next_port(next, count);
             let want = COMPLETION_BATCH.min(self.server.config.completion_budget - done);
             // Keep room for two events per completion.
             let room = (self.server.config.event_capacity - self.server.events.len()) / 2;
