@@ -90,8 +90,8 @@ use verbs::{
 
 use crate::types::{Msn, Mtu, Psn, Qpn};
 use crate::wire::{
-    ipv4, udp, EtherType, EthernetAddress, EthernetRepr, ExtHeaders, FrameHeaders, Ipv4Address,
-    Ipv4Repr, Opcode, RoceFrame, UdpRepr, MAX_HEADERS_LEN,
+    ipv4, udp, EtherType, EthernetAddress, EthernetRepr, ExtHeaders, FrameHeaders, HeaderTemplate,
+    Ipv4Address, Ipv4Repr, Opcode, RoceFrame, UdpRepr, MAX_HEADERS_LEN,
 };
 use crate::wire::{BthRepr, Trailer};
 
@@ -582,7 +582,7 @@ pub struct Qp {
     qpn: Qpn,
     state: QpState,
     params: Option<QpParams>,
-    template: Option<FrameHeaders>,
+    template: Option<HeaderTemplate>,
     mtu: u32,
 
     /// Completions carry this tag into the CQ (the HCA's slot and
@@ -892,7 +892,7 @@ impl Qp {
         let mtu = params.mtu.bytes().ok_or(ConnectQpError::InvalidMtu)?;
         self.mtu = mtu as u32;
         let path = params.path;
-        self.template = Some(FrameHeaders {
+        self.template = Some(HeaderTemplate::new(&FrameHeaders {
             eth: EthernetRepr {
                 src_addr: EthernetAddress(path.local_mac),
                 dst_addr: EthernetAddress(path.peer_mac),
@@ -925,7 +925,7 @@ impl Qp {
                 psn: Psn::new(0),
             },
             ext: ExtHeaders::default(),
-        });
+        }));
         self.post_psn = params.send_psn;
         self.tx_psn = params.send_psn;
         self.una = params.send_psn;
@@ -1146,17 +1146,12 @@ impl Qp {
         ext: ExtHeaders,
         pieces: &[&[u8]],
     ) -> bool {
-        let Some(template) = self.template else {
+        let Some(template) = &self.template else {
             return false;
         };
-        let mut headers = template;
-        headers.bth.opcode = opcode;
-        headers.bth.psn = psn;
-        headers.bth.ack_req = ack_req;
-        headers.ext = ext;
         let payload_len = pieces.iter().map(|piece| piece.len()).sum();
         let mut buf = [0u8; MAX_HEADERS_LEN];
-        let Ok(len) = headers.emit_headers(&mut buf, payload_len) else {
+        let Ok(len) = template.emit(&mut buf, opcode, psn, ack_req, &ext, payload_len) else {
             return false;
         };
         let trailer = Trailer::new(&buf[..len], pieces);

@@ -518,11 +518,23 @@ impl FrameHeaders {
             + pad_len(payload_len)
             + ICRC_LEN;
 
+        let (fixed, ext) = buf
+            .split_first_chunk_mut::<FIXED_HEADERS_LEN>()
+            .ok_or(EmitError::BufferTooSmall)?;
+        // pad_len() < 4, so the cast cannot truncate.
+        self.emit_fixed(fixed, ib_len, pad_len(payload_len) as u8);
+        self.ext.emit(ext);
+        Ok(header_len)
+    }
+
+    /// Writes the Ethernet, IPv4, UDP and BTH headers for an IB part of
+    /// `ib_len` bytes with PadCnt `pad_count`; the lengths are not checked.
+    fn emit_fixed(&self, buf: &mut [u8; FIXED_HEADERS_LEN], ib_len: usize, pad_count: u8) {
         let eth = EthernetRepr {
             ethertype: EtherType::Ipv4,
             ..self.eth
         };
-        eth.emit(&mut ethernet::Frame::new_unchecked(&mut *buf));
+        eth.emit(&mut ethernet::Frame::new_unchecked(&mut buf[..]));
         let ip = Ipv4Repr {
             protocol: ipv4::Protocol::Udp,
             payload_len: udp::HEADER_LEN + ib_len,
@@ -535,13 +547,10 @@ impl FrameHeaders {
             .emit(&mut udp::Packet::new_unchecked(&mut *rest), ib_len);
         let rest = &mut rest[udp::HEADER_LEN..];
         let bth = BthRepr {
-            // pad_len() < 4, so the cast cannot truncate.
-            pad_count: pad_len(payload_len) as u8,
+            pad_count,
             ..self.bth
         };
         bth.emit(&mut bth::Packet::new_unchecked(&mut *rest));
-        self.ext.emit(&mut rest[bth::HEADER_LEN..]);
-        Ok(header_len)
     }
 
     /// Writes a whole frame (headers, payload copy, pad, ICRC) into `buf`;
@@ -560,6 +569,114 @@ impl FrameHeaders {
         rest[..payload.len()].copy_from_slice(payload);
         rest[payload.len()..].copy_from_slice(trailer.as_bytes());
         Ok(frame_len)
+    }
+}
+
+/// The fixed headers of one connection, emitted once, and the packets'
+/// headers patched into a copy of them: what [`FrameHeaders::emit_headers`]
+/// writes for the same headers with the packet's opcode, PSN, AckReq and
+/// extended headers, byte for byte, without building the headers again.
+///
+/// Per packet only these change: the IPv4 total length and checksum, the
+/// UDP length, the BTH opcode, PadCnt, AckReq and PSN. The IPv4 checksum is
+/// the template's word sum plus the total length, folded the same way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HeaderTemplate {
+    /// The headers with zero lengths, PadCnt 0 and AckReq clear.
+    bytes: [u8; FIXED_HEADERS_LEN],
+    /// The IPv4 header's 16-bit words summed, total length and checksum
+    /// left out (both are zero in `bytes`).
+    ip_sum: u32,
+}
+
+/// Offsets of the patched fields within the fixed headers.
+mod patch {
+    use super::{bth, ethernet, ipv4, udp};
+    pub const IP: usize = ethernet::HEADER_LEN;
+    pub const IP_TOTAL_LEN: usize = IP + 2;
+    pub const IP_CHECKSUM: usize = IP + 10;
+    pub const UDP_LEN: usize = IP + ipv4::HEADER_LEN + 4;
+    pub const BTH: usize = IP + ipv4::HEADER_LEN + udp::HEADER_LEN;
+    pub const BTH_OPCODE: usize = BTH;
+    pub const BTH_FLAGS: usize = BTH + 1;
+    pub const BTH_ACK_REQ: usize = BTH + 8;
+    pub const BTH_PSN: usize = BTH + 9;
+    const _: () = assert!(BTH + bth::HEADER_LEN == super::FIXED_HEADERS_LEN);
+}
+
+impl HeaderTemplate {
+    /// The template of `headers` (their opcode, PSN, AckReq, PadCnt, IPv4
+    /// length and extended headers are not used).
+    pub fn new(headers: &FrameHeaders) -> HeaderTemplate {
+        let fixed = FrameHeaders {
+            bth: BthRepr {
+                ack_req: false,
+                psn: crate::types::Psn::new(0),
+                ..headers.bth
+            },
+            ..*headers
+        };
+        let mut bytes = [0u8; FIXED_HEADERS_LEN];
+        fixed.emit_fixed(&mut bytes, 0, 0);
+        // Lengths zero: what is left of the IPv4 header to sum.
+        bytes[patch::IP_TOTAL_LEN..patch::IP_TOTAL_LEN + 2].fill(0);
+        bytes[patch::IP_CHECKSUM..patch::IP_CHECKSUM + 2].fill(0);
+        bytes[patch::UDP_LEN..patch::UDP_LEN + 2].fill(0);
+        let ip_sum = bytes[patch::IP..patch::IP + ipv4::HEADER_LEN]
+            .chunks_exact(2)
+            .map(|word| u32::from(u16::from_be_bytes([word[0], word[1]])))
+            .sum();
+        HeaderTemplate { bytes, ip_sum }
+    }
+
+    /// Writes the headers of a packet with `opcode`, `psn`, `ack_req`, the
+    /// extended headers `ext` and `payload_len` bytes of payload at the start
+    /// of `buf`; returns their length. The same bytes and the same errors as
+    /// [`FrameHeaders::emit_headers`] on the template's headers with those
+    /// fields set.
+    ///
+    /// # Errors
+    /// [`EmitError::ExtHeadersMismatch`] or [`EmitError::TooLong`], as
+    /// [`FrameHeaders::check`].
+    pub fn emit(
+        &self,
+        buf: &mut [u8; MAX_HEADERS_LEN],
+        opcode: bth::Opcode,
+        psn: crate::types::Psn,
+        ack_req: bool,
+        ext: &ExtHeaders,
+        payload_len: usize,
+    ) -> Result<usize, EmitError> {
+        let set = ext.set();
+        if opcode.ext_headers() != Some(set) {
+            return Err(EmitError::ExtHeadersMismatch);
+        }
+        let ext_len = set.len();
+        let pad = pad_len(payload_len);
+        let ib_len = (bth::HEADER_LEN + ext_len + pad + ICRC_LEN).saturating_add(payload_len);
+        let udp_len = udp::HEADER_LEN.saturating_add(ib_len);
+        if udp_len > ipv4::MAX_PAYLOAD_LEN {
+            return Err(EmitError::TooLong);
+        }
+        // Both fit 16 bits: MAX_PAYLOAD_LEN is 65,515.
+        let total_len = (ipv4::HEADER_LEN + udp_len) as u16;
+        let (fixed, rest) = buf.split_at_mut(FIXED_HEADERS_LEN);
+        fixed.copy_from_slice(&self.bytes);
+        let mut sum = self.ip_sum + u32::from(total_len);
+        sum = (sum & 0xffff) + (sum >> 16);
+        sum = (sum & 0xffff) + (sum >> 16);
+        fixed[patch::IP_TOTAL_LEN..patch::IP_TOTAL_LEN + 2]
+            .copy_from_slice(&total_len.to_be_bytes());
+        fixed[patch::IP_CHECKSUM..patch::IP_CHECKSUM + 2]
+            .copy_from_slice(&(!(sum as u16)).to_be_bytes());
+        fixed[patch::UDP_LEN..patch::UDP_LEN + 2].copy_from_slice(&(udp_len as u16).to_be_bytes());
+        fixed[patch::BTH_OPCODE] = opcode.into();
+        // pad_len() < 4: two bits at 5..4.
+        fixed[patch::BTH_FLAGS] |= (pad as u8) << 4;
+        fixed[patch::BTH_ACK_REQ] |= u8::from(ack_req) << 7;
+        fixed[patch::BTH_PSN..patch::BTH_PSN + 3].copy_from_slice(&psn.value().to_be_bytes()[1..]);
+        ext.emit(&mut rest[..ext_len]);
+        Ok(FIXED_HEADERS_LEN + ext_len)
     }
 }
 
@@ -801,6 +918,65 @@ mod test {
             let trailer = Trailer::new(&buf[..len], &[frame.payload]);
             let chained = [&buf[..len], frame.payload, trailer.as_bytes()].concat();
             assert_eq!(chained, bytes);
+        }
+    }
+
+    #[test]
+    fn test_header_template() {
+        for bytes in [&SEND_ONLY[..], &ACK[..]] {
+            let frame = RoceFrame::parse(bytes).unwrap();
+            let headers = frame.headers();
+            let template = HeaderTemplate::new(&headers);
+            let mut buf = [0xa5u8; MAX_HEADERS_LEN];
+            let len = template
+                .emit(
+                    &mut buf,
+                    headers.bth.opcode,
+                    headers.bth.psn,
+                    headers.bth.ack_req,
+                    &headers.ext,
+                    frame.payload.len(),
+                )
+                .unwrap();
+            assert_eq!(&buf[..len], &bytes[..len]);
+
+            // Every opcode, extended headers or none, any length: the bytes and
+            // errors of emit_headers.
+            let with_reth = ExtHeaders {
+                reth: Some(RethRepr {
+                    virtual_address: 0x1122_3344_5566_7788,
+                    rkey: crate::types::Rkey(0x99aa_bbcc),
+                    dma_length: 0x1000,
+                }),
+                ..ExtHeaders::default()
+            };
+            for opcode in [
+                Opcode::RcSendOnly,
+                Opcode::RcRdmaWriteFirst,
+                Opcode::RcRdmaWriteMiddle,
+                Opcode::RcAcknowledge,
+            ] {
+                for ext in [ExtHeaders::default(), with_reth, frame.ext] {
+                    for payload_len in [0, 1, 2, 3, 4, 5, 1024, 65_400, 65_500, 70_000] {
+                        for (psn, ack_req) in [(Psn::new(0xab_cdef), true), (Psn::new(7), false)] {
+                            let mut full = headers;
+                            full.bth.opcode = opcode;
+                            full.bth.psn = psn;
+                            full.bth.ack_req = ack_req;
+                            full.ext = ext;
+                            let mut want = [0x5au8; MAX_HEADERS_LEN];
+                            let expected = full.emit_headers(&mut want, payload_len);
+                            let mut got = [0xa5u8; MAX_HEADERS_LEN];
+                            let result =
+                                template.emit(&mut got, opcode, psn, ack_req, &ext, payload_len);
+                            assert_eq!(result, expected, "{opcode:?} {payload_len}");
+                            if let Ok(len) = result {
+                                assert_eq!(got[..len], want[..len], "{opcode:?} {payload_len}");
+                            }
+                        }
+                    }
+                }
+            }
         }
     }
 

@@ -132,8 +132,8 @@ pub use self::ethernet::{
     Address as EthernetAddress, EtherType, Frame as EthernetFrame, Repr as EthernetRepr,
 };
 pub use self::frame::{
-    pad_len, parse_frame, EmitError, ExtHeaders, Frame, FrameHeaders, RoceFrame, Trailer,
-    FIXED_HEADERS_LEN, MAX_HEADERS_LEN,
+    pad_len, parse_frame, EmitError, ExtHeaders, Frame, FrameHeaders, HeaderTemplate, RoceFrame,
+    Trailer, FIXED_HEADERS_LEN, MAX_HEADERS_LEN,
 };
 pub use self::icrc::{compute_icrc, fill_icrc, icrc_over, verify_icrc, Icrc};
 pub use self::ieth::{Packet as IethPacket, Repr as IethRepr};
