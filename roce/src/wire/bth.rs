@@ -522,6 +522,7 @@ impl Repr {
     /// # Errors
     /// [`ParseError::Truncated`] if shorter than 12 bytes; [`ParseError::Unsupported`]
     /// if TVer ≠ 0 (rxe `hdr_check()` drops those).
+    #[inline]
     pub fn parse<T: AsRef<[u8]>>(packet: &Packet<T>) -> Result<Repr, ParseError> {
         packet.check_len()?;
         if packet.transport_version() != 0 {

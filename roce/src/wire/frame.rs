@@ -132,6 +132,7 @@ impl ExtHeaders {
     ///
     /// # Errors
     /// [`ParseError::Truncated`] if `buf` is shorter than `layout.len()`.
+    #[inline]
     pub fn parse(layout: ExtSet, buf: &[u8]) -> Result<ExtHeaders, ParseError> {
         let mut ext = ExtHeaders::default();
         if layout.is_empty() {
@@ -299,6 +300,7 @@ impl<'a> RoceFrame<'a> {
     /// - [`ParseError::BadChecksum`]: bad IPv4 header checksum or non-zero UDP
     ///   checksum;
     /// - [`ParseError::Malformed`]: not IPv4 version 4.
+    #[inline]
     pub fn parse(frame: &'a [u8]) -> Result<RoceFrame<'a>, ParseError> {
         let eth_frame = ethernet::Frame::new_checked(frame)?;
         let eth = EthernetRepr::parse(&eth_frame)?;
@@ -311,6 +313,7 @@ impl<'a> RoceFrame<'a> {
     }
 
     /// The layers above IPv4, once Ethernet and IPv4 are parsed.
+    #[inline]
     fn parse_ip_payload(
         eth: EthernetRepr,
         ip: Ipv4Repr,
@@ -395,6 +398,7 @@ impl fmt::Display for RoceFrame<'_> {
 ///
 /// # Fuzzing
 /// The ICRC check passes under `cfg(fuzzing)`.
+#[inline]
 pub fn parse_frame(frame: &[u8]) -> Result<RoceFrame<'_>, ParseError> {
     let parsed = RoceFrame::parse(frame)?;
     if !verify_icrc(frame) {

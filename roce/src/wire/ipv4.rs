@@ -82,6 +82,7 @@ impl Repr {
     /// - [`ParseError::Unsupported`]: options (IHL > 5) or a fragment;
     /// - [`ParseError::BadLength`]: total length < 20;
     /// - [`ParseError::BadChecksum`]: header checksum mismatch.
+    #[inline]
     pub fn parse<T: AsRef<[u8]> + ?Sized>(packet: &Packet<&T>) -> Result<Repr, ParseError> {
         let len = packet.as_ref().len();
         if len < HEADER_LEN {

@@ -57,6 +57,7 @@ impl Repr {
     /// - [`ParseError::Truncated`]: buffer shorter than 8 bytes or than the length field;
     /// - [`ParseError::BadLength`]: length field < 8;
     /// - [`ParseError::BadChecksum`]: a non-zero checksum that does not verify.
+    #[inline]
     pub fn parse<T: AsRef<[u8]> + ?Sized>(
         packet: &Packet<&T>,
         src_addr: Ipv4Address,
