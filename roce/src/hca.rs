@@ -107,9 +107,9 @@ use crate::types::{Mtu, Pkey, Psn, Qkey, Qpn};
 use crate::udp::{parse_datagram, DatagramFrames, DatagramSink, PSEUDO_MAC};
 use crate::wake::WakeSet;
 use crate::wire::{
-    ipv4, parse_frame, udp, BthRepr, DethRepr, EtherType, EthernetAddress, EthernetRepr,
-    ExtHeaders, FrameHeaders, Ipv4Address, Ipv4Repr, Opcode, ParseError, Trailer, Transport,
-    UdpRepr, MAX_HEADERS_LEN,
+    ipv4, parse_frame_from, udp, BthRepr, DethRepr, EtherType, EthernetAddress, EthernetRepr,
+    ExtHeaders, FrameHeaders, IcrcSeed, Ipv4Address, Ipv4Repr, Opcode, ParseError, Trailer,
+    Transport, UdpRepr, MAX_HEADERS_LEN,
 };
 
 mod events;
@@ -360,6 +360,8 @@ pub struct Hca<S, K, const N: usize = 0, const Q: usize = 0, const C: usize = 0>
     /// The CM may have MADs to dispatch.
     cm_dirty: bool,
     events: Deque<CmEvent, EVENT_QUEUE_LEN>,
+    /// Where every received frame's ICRC check starts (see [`IcrcSeed`]).
+    icrc: IcrcSeed,
     /// BTH PSN of the next MAD sent on QP1.
     gsi_psn: Psn,
     path_mtu: Mtu,
@@ -460,6 +462,7 @@ where
             mad_out: None,
             cm_dirty: false,
             events: Deque::new(),
+            icrc: IcrcSeed::new(),
             gsi_psn: Psn::new(0),
             path_mtu: Mtu::Mtu1024,
             now: 0,
@@ -768,7 +771,7 @@ where
             }
             return;
         }
-        self.deliver(now, parse_frame(frame));
+        self.deliver(now, parse_frame_from(&self.icrc, frame));
     }
 
     /// Handles one datagram received in [`LinkMode::Udp`] from `from`: the
@@ -930,7 +933,7 @@ where
             return;
         };
         let payload: [&[u8]; 1] = [&outbound.mad];
-        let trailer = Trailer::new(&buf[..len], &payload);
+        let trailer = Trailer::from_seed(&self.icrc, &buf[..len], &payload);
         sink.transmit(&buf[..len], &payload, trailer.as_bytes());
         self.gsi_psn = self.gsi_psn.wrapping_add(1);
         self.control.mads_out += 1;

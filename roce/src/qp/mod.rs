@@ -91,7 +91,7 @@ use verbs::{
 use crate::types::{Msn, Mtu, Psn, Qpn};
 use crate::wire::{
     ipv4, udp, EtherType, EthernetAddress, EthernetRepr, ExtHeaders, FrameHeaders, HeaderTemplate,
-    Ipv4Address, Ipv4Repr, Opcode, RoceFrame, UdpRepr, MAX_HEADERS_LEN,
+    IcrcSeed, Ipv4Address, Ipv4Repr, Opcode, RoceFrame, UdpRepr, MAX_HEADERS_LEN,
 };
 use crate::wire::{BthRepr, Trailer};
 
@@ -583,6 +583,8 @@ pub struct Qp {
     state: QpState,
     params: Option<QpParams>,
     template: Option<HeaderTemplate>,
+    /// Where every packet's ICRC starts (see [`IcrcSeed`]).
+    icrc: IcrcSeed,
     mtu: u32,
 
     /// Completions carry this tag into the CQ (the HCA's slot and
@@ -711,6 +713,7 @@ impl Qp {
             state: QpState::Reset,
             params: None,
             template: None,
+            icrc: IcrcSeed::new(),
             mtu: 1024,
             sq,
             front_seq: 0,
@@ -1143,7 +1146,7 @@ impl Qp {
         opcode: Opcode,
         psn: Psn,
         ack_req: bool,
-        ext: ExtHeaders,
+        ext: &ExtHeaders,
         pieces: &[&[u8]],
     ) -> bool {
         let Some(template) = &self.template else {
@@ -1151,10 +1154,10 @@ impl Qp {
         };
         let payload_len = pieces.iter().map(|piece| piece.len()).sum();
         let mut buf = [0u8; MAX_HEADERS_LEN];
-        let Ok(len) = template.emit(&mut buf, opcode, psn, ack_req, &ext, payload_len) else {
+        let Ok(len) = template.emit(&mut buf, opcode, psn, ack_req, ext, payload_len) else {
             return false;
         };
-        let trailer = Trailer::new(&buf[..len], pieces);
+        let trailer = Trailer::from_seed(&self.icrc, &buf[..len], pieces);
         sink.transmit(&buf[..len], pieces, trailer.as_bytes());
         true
     }

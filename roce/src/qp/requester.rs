@@ -642,7 +642,7 @@ impl Qp {
                 rkey,
                 dma_length: wqe.len.saturating_sub(offset),
             });
-            return self.emit(sink, Opcode::RcRdmaReadRequest, psn, true, ext, &[]);
+            return self.emit(sink, Opcode::RcRdmaReadRequest, psn, true, &ext, &[]);
         }
         let len = wqe.len.saturating_sub(offset).min(self.mtu);
         let opcode = match wqe.op {
@@ -705,7 +705,7 @@ impl Qp {
             }
             Err(_) => return false,
         }
-        self.emit(sink, opcode, psn, ack_req, ext, &pieces)
+        self.emit(sink, opcode, psn, ack_req, &ext, &pieces)
     }
 
     /// Handles an ACKNOWLEDGE or READ response.

@@ -554,7 +554,7 @@ impl Qp {
                         aeth: Some(AethRepr { syndrome, msn }),
                         ..ExtHeaders::default()
                     };
-                    if self.emit(sink, Opcode::RcAcknowledge, psn, false, ext, &[]) {
+                    if self.emit(sink, Opcode::RcAcknowledge, psn, false, &ext, &[]) {
                         sent += 1;
                     }
                     let _ = self.out.pop_front();
@@ -627,10 +627,10 @@ impl Qp {
             Some(target) if len > 0 => ctx
                 .arena
                 .with_slice(target, offset, len, |bytes| {
-                    self.emit(sink, opcode, psn, false, ext, &[bytes])
+                    self.emit(sink, opcode, psn, false, &ext, &[bytes])
                 })
                 .unwrap_or(false),
-            _ => self.emit(sink, opcode, psn, false, ext, &[]),
+            _ => self.emit(sink, opcode, psn, false, &ext, &[]),
         }
     }
 }

@@ -21,7 +21,7 @@
 use core::fmt;
 
 use super::bytes::{read_u32_le, write_u32_le};
-use super::icrc::{verify_icrc, Icrc, ICRC_LEN};
+use super::icrc::{verify_icrc_from, IcrcSeed, ICRC_LEN};
 use super::{
     aeth, arp, atomic_ack_eth, atomic_eth, bth, deth, ethernet, ieth, immdt, ipv4, reth, udp,
 };
@@ -105,21 +105,17 @@ pub struct ExtHeaders {
 
 impl ExtHeaders {
     /// The set of headers present.
+    #[inline]
     pub fn set(&self) -> ExtSet {
-        let mut set = ExtSet::NONE;
-        let mut add = |present: bool, header: ExtSet| {
-            if present {
-                set = set.union(header);
-            }
-        };
-        add(self.deth.is_some(), ExtSet::DETH);
-        add(self.reth.is_some(), ExtSet::RETH);
-        add(self.atomic_eth.is_some(), ExtSet::ATOMIC_ETH);
-        add(self.aeth.is_some(), ExtSet::AETH);
-        add(self.atomic_ack_eth.is_some(), ExtSet::ATOMIC_ACK_ETH);
-        add(self.immdt.is_some(), ExtSet::IMMDT);
-        add(self.ieth.is_some(), ExtSet::IETH);
-        set
+        // Without branches: each header's bit or nothing.
+        let bit = |present: bool, header: ExtSet| [ExtSet::NONE, header][usize::from(present)];
+        bit(self.deth.is_some(), ExtSet::DETH)
+            .union(bit(self.reth.is_some(), ExtSet::RETH))
+            .union(bit(self.atomic_eth.is_some(), ExtSet::ATOMIC_ETH))
+            .union(bit(self.aeth.is_some(), ExtSet::AETH))
+            .union(bit(self.atomic_ack_eth.is_some(), ExtSet::ATOMIC_ACK_ETH))
+            .union(bit(self.immdt.is_some(), ExtSet::IMMDT))
+            .union(bit(self.ieth.is_some(), ExtSet::IETH))
     }
 
     /// Total length of the headers present.
@@ -400,8 +396,20 @@ impl fmt::Display for RoceFrame<'_> {
 /// The ICRC check passes under `cfg(fuzzing)`.
 #[inline]
 pub fn parse_frame(frame: &[u8]) -> Result<RoceFrame<'_>, ParseError> {
+    parse_frame_from(&IcrcSeed::new(), frame)
+}
+
+/// [`parse_frame`], the ICRC checked from `seed`.
+///
+/// # Errors
+/// As [`parse_frame`].
+///
+/// # Fuzzing
+/// The ICRC check passes under `cfg(fuzzing)`.
+#[inline]
+pub fn parse_frame_from<'a>(seed: &IcrcSeed, frame: &'a [u8]) -> Result<RoceFrame<'a>, ParseError> {
     let parsed = RoceFrame::parse(frame)?;
-    if !verify_icrc(frame) {
+    if !verify_icrc_from(seed, frame) {
         return Err(ParseError::BadChecksum);
     }
     Ok(parsed)
@@ -700,14 +708,25 @@ impl Trailer {
     /// # Panics
     /// If `headers` is shorter than Ethernet + IPv4 + UDP + BTH (54 bytes).
     pub fn new(headers: &[u8], pieces: &[&[u8]]) -> Trailer {
+        Trailer::from_seed(&IcrcSeed::new(), headers, pieces)
+    }
+
+    /// [`Trailer::new`], the ICRC started from `seed`.
+    ///
+    /// # Panics
+    /// As [`Trailer::new`].
+    #[inline]
+    pub fn from_seed(seed: &IcrcSeed, headers: &[u8], pieces: &[&[u8]]) -> Trailer {
         let payload_len: usize = pieces.iter().map(|piece| piece.len()).sum();
         let pad = pad_len(payload_len);
         let mut bytes = [0u8; 3 + ICRC_LEN];
-        let mut icrc = Icrc::new(headers);
+        let mut icrc = seed.start(headers);
         for piece in pieces {
             icrc.update(piece);
         }
-        icrc.update(&bytes[..pad]);
+        if pad > 0 {
+            icrc.update(&bytes[..pad]);
+        }
         let icrc = icrc.finish();
         write_u32_le(&mut bytes[pad..pad + ICRC_LEN], icrc);
         Trailer {

@@ -53,6 +53,39 @@ pub struct Icrc {
     hasher: crc32fast::Hasher,
 }
 
+/// The CRC state every ICRC starts from (after the masked LRH), made once:
+/// making a `crc32fast::Hasher` asks which CRC routine the CPU supports,
+/// and a sender or receiver that keeps one of these clones it per packet
+/// instead. [`IcrcSeed::start`] is [`Icrc::new`] without that question.
+#[derive(Debug, Clone)]
+pub struct IcrcSeed {
+    hasher: crc32fast::Hasher,
+}
+
+impl IcrcSeed {
+    /// The seed (the CPU's CRC routine chosen here).
+    pub fn new() -> IcrcSeed {
+        IcrcSeed {
+            hasher: crc32fast::Hasher::new_with_initial(AFTER_MASKED_LRH),
+        }
+    }
+
+    /// Starts an ICRC over `headers`, as [`Icrc::new`].
+    ///
+    /// # Panics
+    /// If `headers` is shorter than [`ROCE_PREFIX_LEN`].
+    #[inline]
+    pub fn start(&self, headers: &[u8]) -> Icrc {
+        Icrc::with_hasher(self.hasher.clone(), headers)
+    }
+}
+
+impl Default for IcrcSeed {
+    fn default() -> Self {
+        IcrcSeed::new()
+    }
+}
+
 impl Icrc {
     /// Starts an ICRC over `headers`: the frame from the Ethernet header on, at
     /// least [`ROCE_PREFIX_LEN`] bytes (the masked prefix plus any extended
@@ -62,6 +95,12 @@ impl Icrc {
     /// If `headers` is shorter than [`ROCE_PREFIX_LEN`] (a programming error: the
     /// emitter always writes at least that much).
     pub fn new(headers: &[u8]) -> Icrc {
+        IcrcSeed::new().start(headers)
+    }
+
+    /// [`Icrc::new`] from `hasher`, the state after the masked LRH.
+    #[inline]
+    fn with_hasher(mut hasher: crc32fast::Hasher, headers: &[u8]) -> Icrc {
         assert!(
             headers.len() >= ROCE_PREFIX_LEN,
             "ICRC needs the Ethernet, IPv4, UDP and BTH headers"
@@ -75,9 +114,8 @@ impl Icrc {
         masked[mask::UDP_CHECKSUM].fill(0xff);
         masked[mask::BTH_ECN] = 0xff;
 
-        // Start from the state after the eight 0xFF bytes instead of hashing
-        // them for every packet.
-        let mut hasher = crc32fast::Hasher::new_with_initial(AFTER_MASKED_LRH);
+        // `hasher` starts from the state after the eight 0xFF bytes instead
+        // of hashing them for every packet.
         hasher.update(&masked);
         if !rest.is_empty() {
             hasher.update(rest);
@@ -162,12 +200,22 @@ pub fn compute_icrc(frame: &[u8]) -> Result<u32, ParseError> {
 /// # Fuzzing
 /// Always `true` under `cfg(fuzzing)`.
 pub fn verify_icrc(frame: &[u8]) -> bool {
+    verify_icrc_from(&IcrcSeed::new(), frame)
+}
+
+/// [`verify_icrc`] starting from `seed`.
+///
+/// # Fuzzing
+/// Always `true` under `cfg(fuzzing)`.
+#[inline]
+pub fn verify_icrc_from(seed: &IcrcSeed, frame: &[u8]) -> bool {
     if cfg!(fuzzing) {
         return true;
     }
     match icrc_end(frame) {
         Ok(end) => {
-            icrc_over(&frame[..end - ICRC_LEN], &[]) == read_u32_le(&frame[end - ICRC_LEN..end])
+            seed.start(&frame[..end - ICRC_LEN]).finish()
+                == read_u32_le(&frame[end - ICRC_LEN..end])
         }
         Err(_) => false,
     }

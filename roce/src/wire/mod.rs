@@ -132,10 +132,12 @@ pub use self::ethernet::{
     Address as EthernetAddress, EtherType, Frame as EthernetFrame, Repr as EthernetRepr,
 };
 pub use self::frame::{
-    pad_len, parse_frame, EmitError, ExtHeaders, Frame, FrameHeaders, HeaderTemplate, RoceFrame,
-    Trailer, FIXED_HEADERS_LEN, MAX_HEADERS_LEN,
+    pad_len, parse_frame, parse_frame_from, EmitError, ExtHeaders, Frame, FrameHeaders,
+    HeaderTemplate, RoceFrame, Trailer, FIXED_HEADERS_LEN, MAX_HEADERS_LEN,
 };
-pub use self::icrc::{compute_icrc, fill_icrc, icrc_over, verify_icrc, Icrc};
+pub use self::icrc::{
+    compute_icrc, fill_icrc, icrc_over, verify_icrc, verify_icrc_from, Icrc, IcrcSeed,
+};
 pub use self::ieth::{Packet as IethPacket, Repr as IethRepr};
 pub use self::immdt::{Packet as ImmDtPacket, Repr as ImmDtRepr};
 pub use self::ipv4::{Address as Ipv4Address, Packet as Ipv4Packet, Repr as Ipv4Repr};
