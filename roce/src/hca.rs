@@ -945,14 +945,22 @@ where
     /// [`Verbs::poll_cm_event`]: at most [`MAX_TX_BURST`] frames per call,
     /// ARP and MADs first, then QPs round robin. Returns whether any frame
     /// was sent (call again soon if so).
+    #[inline]
     pub fn poll<F: FrameSink + ?Sized>(&mut self, now: u64, sink: &mut F) -> bool {
         self.now = self.now.max(now);
         if self.is_quiet(now) {
-            // What the walk below would conclude, without the calls: no
-            // timer due, nothing queued, no QP to visit.
+            // What the walk in `poll_work` would conclude, without the
+            // calls: no timer due, nothing queued, no QP to visit.
             self.cm_dirty = false;
             return false;
         }
+        self.poll_work(now, sink)
+    }
+
+    /// [`Hca::poll`] when something may be due: out of line, so that a
+    /// quiet poll does not pay for its frame.
+    #[inline(never)]
+    fn poll_work<F: FrameSink + ?Sized>(&mut self, now: u64, sink: &mut F) -> bool {
         let mut budget = MAX_TX_BURST;
         // Control path.
         if self.cm.poll(now) {
@@ -1205,7 +1213,11 @@ where
         result
     }
 
+    #[inline]
     fn poll_cq(&mut self, out: &mut [WorkCompletion]) -> usize {
+        if self.cq.is_empty() {
+            return 0;
+        }
         let mut count = 0;
         for entry in out.iter_mut() {
             let Some((tag, completion)) = self.cq.pop() else {
@@ -1393,6 +1405,7 @@ where
         Ok(())
     }
 
+    #[inline]
     fn poll_cm_event(&mut self) -> Option<CmEvent> {
         if self.cm.has_events() {
             self.drain_cm_events();
