@@ -798,7 +798,8 @@ where
     /// The checks and dispatch shared by [`Hca::receive`] and
     /// [`Hca::receive_datagram`], after parsing and the ICRC check.
     fn deliver(&mut self, now: u64, parsed: Result<crate::wire::RoceFrame<'_>, ParseError>) {
-        let parsed = match parsed {
+        // By reference: the frame's reprs are not moved out of the result.
+        let parsed = match &parsed {
             Ok(parsed) => parsed,
             Err(ParseError::BadChecksum) => {
                 self.counters.drop_bad_checksum += 1;
@@ -818,7 +819,7 @@ where
             return;
         }
         if parsed.bth.dest_qp == Qpn::GSI {
-            self.receive_gsi(now, &parsed);
+            self.receive_gsi(now, parsed);
             return;
         }
         if parsed.bth.opcode.transport() != Transport::Rc {
@@ -844,7 +845,7 @@ where
             reorder: &mut self.reorder,
             counters: &mut self.counters,
         };
-        qp.receive(now, &parsed, &mut ctx);
+        qp.receive(now, parsed, &mut ctx);
         self.touched(slot);
         if was_rtr {
             // The first packet before the RTU establishes the connection

@@ -408,11 +408,16 @@ pub fn parse_frame(frame: &[u8]) -> Result<RoceFrame<'_>, ParseError> {
 /// The ICRC check passes under `cfg(fuzzing)`.
 #[inline]
 pub fn parse_frame_from<'a>(seed: &IcrcSeed, frame: &'a [u8]) -> Result<RoceFrame<'a>, ParseError> {
-    let parsed = RoceFrame::parse(frame)?;
-    if !verify_icrc_from(seed, frame) {
-        return Err(ParseError::BadChecksum);
+    // The ICRC first, so that a good frame is parsed straight into the
+    // result; a structural error still wins over a bad ICRC.
+    if verify_icrc_from(seed, frame) {
+        RoceFrame::parse(frame)
+    } else {
+        match RoceFrame::parse(frame) {
+            Ok(_) => Err(ParseError::BadChecksum),
+            Err(error) => Err(error),
+        }
     }
-    Ok(parsed)
 }
 
 /// The headers of a RoCEv2 frame to transmit.
