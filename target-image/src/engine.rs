@@ -201,13 +201,15 @@ impl<'m, K: KeySource, D: BlockDevice<Chunk>> Engine<'m, EngineHca<K>, D> {
         let Some(iface) = self.interfaces.get_mut(interface) else {
             return;
         };
-        if iface.icmp_len == 0 {
+        // Only ICMP needs the engine's look (RoCE frames go straight on).
+        if is_icmp(frame) {
+            if iface.icmp_len > 0 {
+                return; // one reply at a time; the peer pings again
+            }
             if let Some(len) = icmp_echo_reply(frame, iface.ip.octets(), &mut iface.icmp[..]) {
                 iface.icmp_len = len;
                 return;
             }
-        } else if is_icmp(frame) {
-            return; // one reply at a time; the peer pings again
         }
         if let Some(hca) = self.hcas.get_mut(interface) {
             hca.receive(now, frame);
