@@ -577,12 +577,14 @@ impl Qp {
             if !self.window_allows(index, wqe) {
                 break;
             }
-            let wqe = wqe.clone();
+            // The WQE is read in place (send_packet takes `&self`), not cloned.
+            let (is_read, last_psn) = (wqe.is_read(), wqe.last_psn());
             let retransmission = self.tx_psn.is_before(self.sent_end);
-            let final_packet = wqe.is_read() || self.tx_psn == wqe.last_psn();
+            let final_packet = is_read || self.tx_psn == last_psn;
             let ack_req = final_packet || self.since_ack_req + 1 >= self.ack_req_interval();
+            let emitted = self.send_packet(wqe, self.tx_psn, ack_req, ctx, sink);
             self.since_ack_req = if ack_req { 0 } else { self.since_ack_req + 1 };
-            if !self.send_packet(&wqe, self.tx_psn, ack_req, ctx, sink) {
+            if !emitted {
                 self.fail_at(index, WcStatus::LocProtErr, ctx);
                 break;
             }
@@ -596,9 +598,9 @@ impl Qp {
                     sent_at: now,
                 });
             }
-            let last = wqe.is_read() || self.tx_psn == wqe.last_psn();
-            let next = if wqe.is_read() {
-                wqe.last_psn().wrapping_add(1)
+            let last = is_read || self.tx_psn == last_psn;
+            let next = if is_read {
+                last_psn.wrapping_add(1)
             } else {
                 self.tx_psn.wrapping_add(1)
             };
