@@ -298,6 +298,109 @@ impl<'a> RoceFrame<'a> {
     /// - [`ParseError::Malformed`]: not IPv4 version 4.
     #[inline]
     pub fn parse(frame: &'a [u8]) -> Result<RoceFrame<'a>, ParseError> {
+        match RoceFrame::parse_common(frame) {
+            Some(parsed) => Ok(parsed),
+            None => RoceFrame::parse_layered(frame),
+        }
+    }
+
+    /// [`RoceFrame::parse`] of the frames a RoCEv2 peer sends, read from the
+    /// fixed 54 header bytes at once: IPv4 without options or fragments and
+    /// with a right checksum, UDP to port 4791 without a checksum, TVer 0,
+    /// lengths that fit. `None` for anything else, which the layered parser
+    /// then reads (and rejects or accepts with the same result): when this
+    /// returns a frame, it is the one [`RoceFrame::parse_layered`] returns.
+    #[inline]
+    fn parse_common(frame: &'a [u8]) -> Option<RoceFrame<'a>> {
+        const IP: usize = ethernet::HEADER_LEN;
+        const UDP: usize = IP + ipv4::HEADER_LEN;
+        const BTH: usize = UDP + udp::HEADER_LEN;
+        let h: &[u8; FIXED_HEADERS_LEN] = frame.first_chunk()?;
+        let be16 = |at: usize| u16::from_be_bytes([h[at], h[at + 1]]);
+        if be16(12) != 0x0800 {
+            return None;
+        }
+        let ip: &[u8; ipv4::HEADER_LEN] = h[IP..UDP].first_chunk()?;
+        // Version 4, IHL 5; MF clear and fragment offset 0; protocol UDP.
+        if ip[0] != 0x45 || ip[6] & 0x3f != 0 || ip[7] != 0 || ip[9] != 17 {
+            return None;
+        }
+        if !ipv4::checksum_ok(ip) {
+            return None;
+        }
+        let total_len = usize::from(be16(IP + 2));
+        let ip_payload = frame.get(UDP..IP + total_len)?;
+        let udp_len = usize::from(be16(UDP + 4));
+        if be16(UDP + 2) != udp::ROCE_V2_PORT
+            || be16(UDP + 6) != 0
+            || udp_len < udp::HEADER_LEN
+            || udp_len > ip_payload.len()
+        {
+            return None;
+        }
+        let ib = &ip_payload[udp::HEADER_LEN..udp_len];
+        if ib.len() < bth::HEADER_LEN + ICRC_LEN || h[BTH + 1] & 0x0f != 0 {
+            return None;
+        }
+        let bth = BthRepr {
+            opcode: bth::Opcode::from(h[BTH]),
+            solicited: h[BTH + 1] & 0x80 != 0,
+            mig_req: h[BTH + 1] & 0x40 != 0,
+            pad_count: (h[BTH + 1] >> 4) & 0x03,
+            pkey: crate::types::Pkey(be16(BTH + 2)),
+            fecn: h[BTH + 4] & 0x80 != 0,
+            becn: h[BTH + 4] & 0x40 != 0,
+            dest_qp: crate::types::Qpn::new_truncate(u32::from_be_bytes([
+                0,
+                h[BTH + 5],
+                h[BTH + 6],
+                h[BTH + 7],
+            ])),
+            ack_req: h[BTH + 8] & 0x80 != 0,
+            psn: crate::types::Psn::new_truncate(u32::from_be_bytes([
+                0,
+                h[BTH + 9],
+                h[BTH + 10],
+                h[BTH + 11],
+            ])),
+        };
+        let layout = bth.opcode.ext_headers()?;
+        let payload_start = bth::HEADER_LEN + layout.len();
+        let icrc_start = ib.len() - ICRC_LEN;
+        let payload_end = icrc_start
+            .checked_sub(usize::from(bth.pad_count))
+            .filter(|&end| end >= payload_start)?;
+        let ext = ExtHeaders::parse(layout, &ib[bth::HEADER_LEN..payload_start]).ok()?;
+        let address = |at: usize| ipv4::Address::from([h[at], h[at + 1], h[at + 2], h[at + 3]]);
+        Some(RoceFrame {
+            eth: EthernetRepr {
+                src_addr: ethernet::Address([h[6], h[7], h[8], h[9], h[10], h[11]]),
+                dst_addr: ethernet::Address([h[0], h[1], h[2], h[3], h[4], h[5]]),
+                ethertype: EtherType::Ipv4,
+            },
+            ip: Ipv4Repr {
+                src_addr: address(IP + 12),
+                dst_addr: address(IP + 16),
+                protocol: ipv4::Protocol::Udp,
+                payload_len: total_len - ipv4::HEADER_LEN,
+                ttl: ip[8],
+                tos: ip[1],
+                ident: be16(IP + 4),
+                dont_frag: ip[6] & 0x40 != 0,
+            },
+            udp: UdpRepr {
+                src_port: be16(UDP),
+                dst_port: udp::ROCE_V2_PORT,
+            },
+            bth,
+            ext,
+            payload: &ib[payload_start..payload_end],
+            icrc: read_u32_le(&ib[icrc_start..]),
+        })
+    }
+
+    /// [`RoceFrame::parse`] layer by layer: every frame, every error.
+    fn parse_layered(frame: &'a [u8]) -> Result<RoceFrame<'a>, ParseError> {
         let eth_frame = ethernet::Frame::new_checked(frame)?;
         let eth = EthernetRepr::parse(&eth_frame)?;
         if eth.ethertype != EtherType::Ipv4 {
@@ -946,6 +1049,42 @@ mod test {
             let trailer = Trailer::new(&buf[..len], &[frame.payload]);
             let chained = [&buf[..len], frame.payload, trailer.as_bytes()].concat();
             assert_eq!(chained, bytes);
+        }
+    }
+
+    #[test]
+    fn test_parse_common() {
+        // A WRITE FIRST with a RETH and an odd payload, beside the examples.
+        let mut headers = RoceFrame::parse(&SEND_ONLY).unwrap().headers();
+        headers.bth.opcode = Opcode::RcRdmaWriteFirst;
+        headers.ext.reth = Some(RethRepr {
+            virtual_address: 0x1122_3344_5566_7788,
+            rkey: crate::types::Rkey(0x99aa_bbcc),
+            dma_length: 0x1000,
+        });
+        let mut write = [0u8; 128];
+        let len = headers.emit_frame(&mut write, &[7u8; 37]).unwrap();
+        let write = &write[..len];
+        for bytes in [&SEND_ONLY[..], &ACK[..], write] {
+            assert!(RoceFrame::parse_common(bytes).is_some());
+            let mut padded = bytes.to_vec();
+            padded.extend_from_slice(&[0; 9]); // Ethernet padding
+            let mut inputs = vec![padded];
+            for cut in 0..bytes.len() {
+                inputs.push(bytes[..cut].to_vec());
+            }
+            for at in 0..bytes.len() {
+                for flip in [0x01, 0x02, 0x08, 0x10, 0x40, 0x80, 0xff] {
+                    let mut mutated = bytes.to_vec();
+                    mutated[at] ^= flip;
+                    inputs.push(mutated);
+                }
+            }
+            for input in &inputs {
+                if let Some(parsed) = RoceFrame::parse_common(input) {
+                    assert_eq!(Ok(parsed), RoceFrame::parse_layered(input), "{input:02x?}");
+                }
+            }
         }
     }
 

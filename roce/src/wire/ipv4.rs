@@ -44,7 +44,7 @@ fn header_sum(header: &[u8; HEADER_LEN]) -> u16 {
 
 /// Whether a 20-byte header's checksum is right (the sum over all of it is
 /// all ones).
-fn checksum_ok(header: &[u8; HEADER_LEN]) -> bool {
+pub(super) fn checksum_ok(header: &[u8; HEADER_LEN]) -> bool {
     cfg!(fuzzing) || header_sum(header) == 0xffff
 }
 
