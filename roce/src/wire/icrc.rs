@@ -158,7 +158,7 @@ pub fn icrc_over(headers: &[u8], payload: &[&[u8]]) -> u32 {
 ///
 /// Checks only what locating the ICRC needs; it does not check the UDP port or
 /// the IP checksum.
-fn icrc_end(frame: &[u8]) -> Result<usize, ParseError> {
+pub(super) fn icrc_end(frame: &[u8]) -> Result<usize, ParseError> {
     const IP: usize = ethernet::HEADER_LEN;
     const UDP: usize = IP + 20;
     if frame.len() < ROCE_PREFIX_LEN + ICRC_LEN {
