@@ -6,7 +6,7 @@ use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 
 use verbs::{
     AccessFlags, AllocError, CmEvent, ConnId, ConnParams, ConnectError, Lkey, MemoryHandle,
-    MemoryRegion, PostError, PrivateData, RecvWr, RegError, RejectReason, Rkey, SendWr, Verbs,
+    MemoryRegion, PostError, PrivateData, RecvWr, RegError, RejectReason, Rkey, SendWr, Sge, Verbs,
     WcOpcode, WcStatus, WorkCompletion,
 };
 
@@ -74,6 +74,13 @@ fn post_batches<W, B: Copy + Default>(
         }
     }
     Ok(())
+}
+
+/// Which queue of a queue pair a post went to.
+#[derive(Clone, Copy)]
+enum Side {
+    Send,
+    Recv,
 }
 
 impl IbvDevice {
@@ -247,6 +254,45 @@ impl IbvDevice {
         true
     }
 
+    /// After a post: counts and pins the requests the device took (all of
+    /// them, or the prefix before a refusal) on `side` of `conn`. A
+    /// translation error posted nothing and is answered as it is; a
+    /// refusal by the device leaves the connection answering
+    /// `NotConnected` (what it took cannot be taken back).
+    fn record<'a>(
+        &mut self,
+        conn: ConnId,
+        side: Side,
+        requests: impl ExactSizeIterator<Item = (u64, bool, &'a [Sge])>,
+        result: Result<(), (usize, PostError)>,
+    ) -> Result<(), PostError> {
+        let (taken, outcome) = match result {
+            Ok(()) => (requests.len(), Ok(())),
+            Err((0, e)) if !matches!(e, PostError::NotConnected | PostError::QueueFull) => {
+                return Err(e)
+            }
+            Err((posted, _)) => (posted, Err(PostError::NotConnected)),
+        };
+        let regions = &mut self.regions;
+        let c = self
+            .conns
+            .get_mut(conn)
+            .ok_or(PostError::UnknownConnection)?;
+        for (wr_id, signaled, sgl) in requests.take(taken) {
+            match side {
+                Side::Send => c.queues.posted_send(wr_id, signaled, sgl),
+                Side::Recv => c.queues.posted_recv(wr_id, sgl),
+            }
+            for sge in sgl {
+                device::pin(regions, sge.lkey.0);
+            }
+        }
+        if outcome.is_err() {
+            c.queues.refused();
+        }
+        outcome
+    }
+
     fn down(&mut self, conn: ConnId, event: CmEvent) -> CmEvent {
         if let Some(c) = self.conns.get_mut(conn) {
             c.state = State::Down;
@@ -305,30 +351,10 @@ impl Verbs for IbvDevice {
             |wr| translate::send(self, wr),
             |batch, n| unsafe { ffi::bi_post_send(id, batch, n) },
         );
-        let (posted, outcome) = match result {
-            Ok(()) => (requests.len(), Ok(())),
-            Err((0, e)) if !matches!(e, PostError::NotConnected | PostError::QueueFull) => {
-                return Err(e)
-            }
-            // The device refused after the room was checked: what it took
-            // cannot be taken back, the connection is done.
-            Err((posted, _)) => (posted, Err(PostError::NotConnected)),
-        };
-        let regions = &mut self.regions;
-        let c = self
-            .conns
-            .get_mut(conn)
-            .ok_or(PostError::UnknownConnection)?;
-        for wr in &requests[..posted] {
-            c.queues.posted_send(wr.wr_id.0, wr.signaled, wr.op.sgl());
-            for sge in wr.op.sgl() {
-                device::pin(regions, sge.lkey.0);
-            }
-        }
-        if outcome.is_err() {
-            c.queues.refused();
-        }
-        outcome
+        let taken = requests
+            .iter()
+            .map(|wr| (wr.wr_id.0, wr.signaled, wr.op.sgl()));
+        self.record(conn, Side::Send, taken, result)
     }
 
     fn post_recv(&mut self, conn: ConnId, requests: &[RecvWr]) -> Result<(), PostError> {
@@ -358,28 +384,10 @@ impl Verbs for IbvDevice {
             |wr| translate::recv(self, wr),
             |batch, n| unsafe { ffi::bi_post_recv(id, batch, n) },
         );
-        let (posted, outcome) = match result {
-            Ok(()) => (requests.len(), Ok(())),
-            Err((0, e)) if !matches!(e, PostError::NotConnected | PostError::QueueFull) => {
-                return Err(e)
-            }
-            Err((posted, _)) => (posted, Err(PostError::NotConnected)),
-        };
-        let regions = &mut self.regions;
-        let c = self
-            .conns
-            .get_mut(conn)
-            .ok_or(PostError::UnknownConnection)?;
-        for wr in &requests[..posted] {
-            c.queues.posted_recv(wr.wr_id.0, wr.sgl.as_slice());
-            for sge in wr.sgl.as_slice() {
-                device::pin(regions, sge.lkey.0);
-            }
-        }
-        if outcome.is_err() {
-            c.queues.refused();
-        }
-        outcome
+        let taken = requests
+            .iter()
+            .map(|wr| (wr.wr_id.0, true, wr.sgl.as_slice()));
+        self.record(conn, Side::Recv, taken, result)
     }
 
     fn poll_cq(&mut self, out: &mut [WorkCompletion]) -> usize {
