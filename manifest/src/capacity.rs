@@ -44,9 +44,9 @@ use crate::types::Limits;
 pub const SERVICE_RECEIVES: u32 = 512;
 /// Most send WRs (queued plus unconsumed completions) per QP.
 pub const MAX_SEND_DEPTH: u32 = 128;
-/// Memory regions of a path besides its chunks (INFO_REQ, INFO_RSP,
-/// RKEY_RSP buffers).
-pub const CONTROL_REGIONS: u64 = 3;
+/// Memory regions of a path besides its chunks (INFO_REQ and INFO_RSP
+/// buffers; RKEY_RSP is sent inline).
+pub const CONTROL_REGIONS: u64 = 2;
 /// Regions per interface beyond the paths' (slack for control buffers).
 pub const SPARE_REGIONS: u64 = 16;
 /// Registered bytes per chunk beyond `chunk_size` (alignment slack).

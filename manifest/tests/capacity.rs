@@ -29,7 +29,11 @@ fn counts_follow_the_limits() {
     assert_eq!(c.send_depth, 100, "three WRs per request plus four");
     assert_eq!(c.cq_entries, 282 * 613);
     assert_eq!(c.cm_connections, 2 * 282 + 16);
-    assert_eq!(c.regions, 125 * 35 + 16);
+    assert_eq!(
+        c.regions,
+        125 * 34 + 16,
+        "32 chunks and INFO_REQ, INFO_RSP per pool"
+    );
     assert_eq!(c.pool_bytes, 32 * (8192 + 64) + (64 << 10));
     assert_eq!(c.arena_bytes(), 125 * c.pool_bytes);
     assert_eq!(

@@ -14,8 +14,8 @@ use roce::qp::QpState;
 use roce::types::{Msn, Mtu, Psn};
 use roce::wire::{parse_frame, NakCode, Opcode, RoceFrame, Syndrome};
 use verbs::{
-    AccessFlags, Memory, MemoryRegion, RecvWr, SendOp, SendWr, Sge, Sgl, Verbs, WcOpcode, WcStatus,
-    WorkCompletion, WrId,
+    AccessFlags, Inline, Memory, MemoryRegion, RecvWr, SendOp, SendWr, Sge, Sgl, Verbs, WcOpcode,
+    WcStatus, WorkCompletion, WrId,
 };
 
 const RW: AccessFlags = AccessFlags::LOCAL_WRITE
@@ -398,6 +398,64 @@ fn rnbd_lossy_stall_recovers_by_nak() {
 #[test]
 fn rnbd_lossy_stall_lost_nak_recovers_by_timeout() {
     lossy_stall(true);
+}
+
+#[test]
+fn inline_send_is_the_same_send_on_the_wire_and_survives_a_resend() {
+    let mut pair = Pair::new(PairConfig::default());
+    pair.record = true;
+    let s = setup(&mut pair, 4);
+    let payload = [0x5a, 1, 2, 3, 4, 5, 6, 7];
+    pair.a.hca.write(s.src.handle, 0, &payload).unwrap();
+    // The first data frame (the inline SEND) is lost: the resend is
+    // rebuilt from the bytes in the WQE.
+    let mut dropped = false;
+    pair.filter = Box::new(move |dir, frame, _| {
+        if dir == A_TO_B && is_data(frame) && !dropped {
+            dropped = true;
+            return Verdict::Drop;
+        }
+        Verdict::Deliver
+    });
+    let inline = SendOp::SendInline {
+        data: Inline::try_from_slice(&payload).unwrap(),
+        imm: Some(9),
+    };
+    let gathered = SendOp::Send {
+        sgl: sgl(&s.src, 0, 8),
+        imm: Some(9),
+    };
+    pair.a
+        .hca
+        .post_send(pair.a.conn, &[wr(1, inline), wr(2, gathered)])
+        .unwrap();
+    let sent = wait_completions(&mut pair, A_TO_B, 2);
+    assert!(
+        sent.iter().all(|wc| wc.status == WcStatus::Success),
+        "{sent:?}"
+    );
+    assert!(sent.iter().all(|wc| wc.opcode == WcOpcode::Send));
+    let received = wait_completions(&mut pair, B_TO_A, 2);
+    assert_eq!(received.len(), 2);
+    assert_eq!((received[0].imm, received[0].byte_len), (Some(9), 8));
+    assert_eq!((received[1].imm, received[1].byte_len), (Some(9), 8));
+    assert_eq!(read(&pair.b.hca, &s.recv, 0, 8), payload);
+    assert_eq!(read(&pair.b.hca, &s.recv, 8192, 8), payload);
+    // On the wire both are SEND_ONLY_WITH_IMMEDIATE with the same bytes.
+    let sends: Vec<(Opcode, Vec<u8>)> = pair.sent[A_TO_B]
+        .iter()
+        .filter_map(|frame| {
+            let parsed = parse_frame(frame).ok()?;
+            is_data(&parsed).then(|| (parsed.bth.opcode, parsed.payload.to_vec()))
+        })
+        .collect();
+    assert!(sends.len() >= 3, "the lost SEND was resent: {sends:?}");
+    assert!(
+        sends
+            .iter()
+            .all(|(op, bytes)| *op == Opcode::RcSendOnlyWithImmediate && *bytes == payload),
+        "{sends:?}"
+    );
 }
 
 #[test]

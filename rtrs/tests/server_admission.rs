@@ -45,7 +45,8 @@ fn a_con_req_costs_no_chunk_pool_until_its_info_req_is_admitted() {
     h.info_req(cid0, "sess");
     let qd = usize::from(h.server.config().queue_depth);
     assert_eq!(h.server.usage().sessions, 1);
-    assert_eq!(h.mock().arena.buffers(), qd + 3);
+    // The chunks, INFO_REQ and INFO_RSP (RKEY_RSP goes inline).
+    assert_eq!(h.mock().arena.buffers(), qd + 2);
     // Asked once, with the client address of the path (its cid 0).
     let remote = std::net::SocketAddr::new(path_source(1), 40000 + cid0.0 as u16);
     assert_eq!(h.policy.asked, [("sess".to_owned(), remote, false)]);

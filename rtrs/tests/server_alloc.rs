@@ -44,7 +44,7 @@ fn round(h: &mut Harness, path: &mut ClientPath, events: &mut Vec<Event>, chunk:
     // Track the new rkeys (client side, not counted).
     let sends = h.mock().sends.clone();
     for (_, wr) in sends.iter().rev().take(8) {
-        if let verbs::SendOp::Send { imm: Some(_), .. } = wr.op {
+        if let verbs::SendOp::SendInline { imm: Some(_), .. } = wr.op {
             if let Ok(rsp) = rtrs::wire::RkeyRsp::parse(&h.mock().gather(wr)) {
                 path.chunks[usize::from(rsp.buf_id)].rkey = rsp.rkey;
             }

@@ -79,8 +79,8 @@ fn write_io_with_new_rkey() {
     let (conn, wr) = &sends[0];
     assert_eq!(*conn, path.conns[1], "answer on the request's connection");
     assert!(wr.signaled);
-    let SendOp::Send { imm: Some(imm), .. } = &wr.op else {
-        panic!("SEND_WITH_IMM expected: {wr:?}")
+    let SendOp::SendInline { imm: Some(imm), .. } = &wr.op else {
+        panic!("inline SEND_WITH_IMM expected: {wr:?}")
     };
     assert_eq!(
         Imm::decode(*imm),
@@ -159,7 +159,7 @@ fn read_io_with_need_inval_is_chained_in_order() {
         matches!(sends[1].1.op, SendOp::SendWithInv { invalidate, ref sgl } if invalidate == client_rkey && sgl.is_empty())
     );
     match &sends[2].1.op {
-        SendOp::Send { imm: Some(imm), .. } => assert_eq!(
+        SendOp::SendInline { imm: Some(imm), .. } => assert_eq!(
             Imm::decode(*imm),
             Imm::IoRspWithInvalidate {
                 msg_id: 2,
@@ -265,8 +265,10 @@ fn error_answer_to_read_still_invalidates() {
     let sends = h.mock().sends_since(from);
     assert_eq!(sends.len(), 2);
     assert!(matches!(sends[0].1.op, SendOp::SendWithInv { .. }));
-    assert!(matches!(&sends[1].1.op, SendOp::Send { imm: Some(imm), .. }
-        if Imm::decode(*imm) == Imm::IoRspWithInvalidate { msg_id: 0, errno: 5 }));
+    assert!(
+        matches!(&sends[1].1.op, SendOp::SendInline { imm: Some(imm), .. }
+        if Imm::decode(*imm) == Imm::IoRspWithInvalidate { msg_id: 0, errno: 5 })
+    );
     // Answering twice is refused.
     assert!(h
         .server
@@ -356,7 +358,7 @@ fn hostile_immediates() {
         .sends_since(from)
         .into_iter()
         .find_map(|(_, wr)| match wr.op {
-            SendOp::Send { imm: Some(imm), .. } => Some(Imm::decode(imm)),
+            SendOp::SendInline { imm: Some(imm), .. } => Some(Imm::decode(imm)),
             _ => None,
         });
     assert_eq!(
@@ -378,7 +380,7 @@ fn hostile_immediates() {
     h.mock().complete_sends();
     h.settle();
     assert!(h.mock().sends_since(from).iter().any(|(_, wr)| matches!(wr.op,
-        SendOp::Send { imm: Some(imm), .. } if Imm::decode(imm) == Imm::IoRsp { msg_id: 1, errno: 22 })));
+        SendOp::SendInline { imm: Some(imm), .. } if Imm::decode(imm) == Imm::IoRsp { msg_id: 1, errno: 22 })));
 
     // desc.len beyond the chunk (and != data_len): EINVAL, still invalidated.
     let chunk = path.chunks[2];
@@ -399,7 +401,7 @@ fn hostile_immediates() {
         .iter()
         .any(|(_, wr)| matches!(wr.op, SendOp::SendWithInv { .. })));
     assert!(sends.iter().any(|(_, wr)| matches!(wr.op,
-        SendOp::Send { imm: Some(imm), .. } if Imm::decode(imm) == Imm::IoRspWithInvalidate { msg_id: 2, errno: 22 })));
+        SendOp::SendInline { imm: Some(imm), .. } if Imm::decode(imm) == Imm::IoRspWithInvalidate { msg_id: 2, errno: 22 })));
     assert!(h
         .drain_events()
         .iter()

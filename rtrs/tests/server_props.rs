@@ -183,7 +183,7 @@ fn run(ops: Vec<Op>, invalidate: bool) {
         let sends = h.mock().sends_since(seen_sends);
         seen_sends += sends.len();
         for (_, wr) in sends {
-            if let SendOp::Send { imm: Some(_), .. } = wr.op {
+            if let SendOp::SendInline { imm: Some(_), .. } = wr.op {
                 if let Ok(rsp) = RkeyRsp::parse(&h.mock().gather(&wr)) {
                     path.chunks[usize::from(rsp.buf_id)].rkey = rsp.rkey;
                 }

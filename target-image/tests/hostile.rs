@@ -109,7 +109,7 @@ fn assert_only_healthy(world: &World<'_>) {
         usize::from(HEALTHY_CONNECTIONS),
         "{usage:?}"
     );
-    assert_eq!(usage.buffers, usize::from(QUEUE_DEPTH) + 3, "{usage:?}");
+    assert_eq!(usage.buffers, usize::from(QUEUE_DEPTH) + 2, "{usage:?}");
 }
 
 /// After a case: the engine drops back to the healthy session alone, the
@@ -475,7 +475,7 @@ fn case_half_open_path_times_out(world: &mut World<'_>) {
     );
     assert_eq!(
         usage.buffers,
-        usize::from(QUEUE_DEPTH) + 3 + per_source,
+        usize::from(QUEUE_DEPTH) + 2 + per_source,
         "a half-open path holds its INFO_REQ buffer only: {usage:?}"
     );
     let private_data = con_req(0, 2, Uuid([0x7e; 16]), Uuid([0x7f; 16]));

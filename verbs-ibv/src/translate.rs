@@ -40,7 +40,8 @@ fn sges(
 ///
 /// # Errors
 /// As [`ResolveSge::resolve`]; [`PostError::Unsupported`] for LOCAL_INV
-/// (userspace verbs cannot invalidate: no fast-register either).
+/// (userspace verbs cannot invalidate: no fast-register either) and for
+/// inline sends (see below).
 pub fn send(resolver: &impl ResolveSge, wr: &SendWr) -> Result<BiSend, PostError> {
     let mut out = BiSend {
         wr_id: wr.wr_id.0,
@@ -88,7 +89,9 @@ pub fn send(resolver: &impl ResolveSge, wr: &SendWr) -> Result<BiSend, PostError
             out.rkey = rkey.0;
             (sgl.as_slice(), AccessFlags::LOCAL_WRITE)
         }
-        SendOp::LocalInv { .. } => return Err(PostError::Unsupported),
+        // Only `always_invalidate` posts inline sends (its RKEY_RSP), and
+        // a userspace target refuses that flag: it cannot re-key either.
+        SendOp::SendInline { .. } | SendOp::LocalInv { .. } => return Err(PostError::Unsupported),
     };
     let (sge, num) = sges(resolver, list, access)?;
     out.sge = sge;
@@ -252,6 +255,14 @@ mod tests {
         );
         assert_eq!(
             send(&Regions, &wr(SendOp::LocalInv { rkey: Rkey(1) })).unwrap_err(),
+            PostError::Unsupported
+        );
+        let inline = SendOp::SendInline {
+            data: verbs::Inline::try_from_slice(&[1; 8]).unwrap(),
+            imm: None,
+        };
+        assert_eq!(
+            send(&Regions, &wr(inline)).unwrap_err(),
             PostError::Unsupported
         );
     }

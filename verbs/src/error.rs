@@ -94,6 +94,8 @@ error_enum! {
         TooManySge => "too many scatter-gather entries",
         /// The scatter-gather list is longer than 2^32 - 1 bytes in total.
         LengthOverflow => "scatter-gather list too long",
+        /// More bytes than `MAX_INLINE` to carry in the request itself.
+        InlineTooLong => "inline payload longer than MAX_INLINE",
         /// A scatter-gather entry's lkey names no current registration.
         InvalidKey => "invalid local key",
         /// A scatter-gather entry lies outside its region.

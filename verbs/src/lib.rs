@@ -122,4 +122,4 @@ pub use key::{KeySource, Lkey, Rkey};
 pub use memory::{Memory, MemoryHandle, MemoryRegion, RegionId};
 pub use provider::Verbs;
 pub use wc::{WcOpcode, WcStatus, WorkCompletion};
-pub use wr::{RecvWr, SendOp, SendWr, Sge, Sgl, WrId, MAX_SGE};
+pub use wr::{Inline, RecvWr, SendOp, SendWr, Sge, Sgl, WrId, MAX_INLINE, MAX_SGE};

@@ -17,6 +17,13 @@ use crate::wc::WcOpcode;
 /// RTRS needs two (data + header, `rtrs.md` §2.8); four leaves room.
 pub const MAX_SGE: usize = 4;
 
+/// Most bytes a SEND may carry in the work request itself
+/// ([`SendOp::SendInline`], verbs' `IBV_SEND_INLINE`).
+///
+/// RTRS's `always_invalidate` answer (`struct rtrs_msg_rkey_rsp`, 8 bytes)
+/// is the payload it is sized for.
+pub const MAX_INLINE: usize = 32;
+
 /// The consumer's tag for a work request, returned in its completion.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
 pub struct WrId(pub u64);
@@ -107,6 +114,48 @@ pub fn total_len(entries: &[Sge]) -> Option<u32> {
         .try_fold(0u32, |sum, sge| sum.checked_add(sge.len))
 }
 
+/// Payload bytes copied into a work request at post time: no memory
+/// region, no lkey check, nothing pinned until completion.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Inline {
+    len: u8,
+    bytes: [u8; MAX_INLINE],
+}
+
+impl Inline {
+    /// The payload `bytes`.
+    ///
+    /// # Errors
+    ///
+    /// [`PostError::InlineTooLong`] if there are more than [`MAX_INLINE`].
+    pub fn try_from_slice(bytes: &[u8]) -> Result<Self, PostError> {
+        let mut inline = Self::default();
+        inline
+            .bytes
+            .get_mut(..bytes.len())
+            .ok_or(PostError::InlineTooLong)?
+            .copy_from_slice(bytes);
+        // At most MAX_INLINE (32): fits in a u8.
+        inline.len = bytes.len() as u8;
+        Ok(inline)
+    }
+
+    /// The payload.
+    pub fn as_slice(&self) -> &[u8] {
+        &self.bytes[..usize::from(self.len)]
+    }
+
+    /// Payload length in bytes.
+    pub fn len(&self) -> u32 {
+        u32::from(self.len)
+    }
+
+    /// Whether the payload is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
 /// A send-queue work request.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SendWr {
@@ -129,6 +178,15 @@ pub enum SendOp {
     Send {
         /// Payload.
         sgl: Sgl,
+        /// Immediate data for the peer's receive completion.
+        imm: Option<u32>,
+    },
+    /// SEND, or SEND_WITH_IMM when `imm` is set, of a few bytes carried in
+    /// the request itself: the same message on the wire as [`Self::Send`],
+    /// without a region to name, check, pin and gather from.
+    SendInline {
+        /// Payload.
+        data: Inline,
         /// Immediate data for the peer's receive completion.
         imm: Option<u32>,
     },
@@ -172,21 +230,32 @@ pub enum SendOp {
 }
 
 impl SendOp {
-    /// The local scatter-gather entries (empty for `LocalInv`).
+    /// The local scatter-gather entries (empty for `SendInline` and
+    /// `LocalInv`).
     pub fn sgl(&self) -> &[Sge] {
         match self {
             Self::Send { sgl, .. }
             | Self::SendWithInv { sgl, .. }
             | Self::RdmaWrite { sgl, .. }
             | Self::RdmaRead { sgl, .. } => sgl.as_slice(),
-            Self::LocalInv { .. } => &[],
+            Self::SendInline { .. } | Self::LocalInv { .. } => &[],
+        }
+    }
+
+    /// The bytes carried in the request itself (empty unless `SendInline`).
+    pub fn inline(&self) -> &[u8] {
+        match self {
+            Self::SendInline { data, .. } => data.as_slice(),
+            _ => &[],
         }
     }
 
     /// The opcode its completion carries.
     pub fn completion_opcode(&self) -> WcOpcode {
         match self {
-            Self::Send { .. } | Self::SendWithInv { .. } => WcOpcode::Send,
+            Self::Send { .. } | Self::SendInline { .. } | Self::SendWithInv { .. } => {
+                WcOpcode::Send
+            }
             Self::RdmaWrite { .. } => WcOpcode::RdmaWrite,
             Self::RdmaRead { .. } => WcOpcode::RdmaRead,
             Self::LocalInv { .. } => WcOpcode::LocalInv,
@@ -207,6 +276,26 @@ pub struct RecvWr {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn inline_holds_up_to_max_inline_bytes() {
+        let full = [7u8; MAX_INLINE];
+        let inline = Inline::try_from_slice(&full).unwrap();
+        assert_eq!(inline.as_slice(), &full[..]);
+        assert_eq!(inline.len(), MAX_INLINE as u32);
+        assert_eq!(
+            Inline::try_from_slice(&[0; MAX_INLINE + 1]),
+            Err(PostError::InlineTooLong)
+        );
+        let op = SendOp::SendInline {
+            data: Inline::try_from_slice(&[1, 2, 3]).unwrap(),
+            imm: Some(9),
+        };
+        assert_eq!(op.inline(), &[1, 2, 3]);
+        assert!(op.sgl().is_empty());
+        assert_eq!(op.completion_opcode(), WcOpcode::Send);
+        assert!(Inline::default().is_empty());
+    }
 
     #[test]
     fn sgl_capacity_and_length() {

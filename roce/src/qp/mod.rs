@@ -85,7 +85,7 @@ use alloc::collections::VecDeque;
 use heapless::Deque;
 use verbs::memory::Arena;
 use verbs::{
-    AccessFlags, ConnId, MemoryHandle, Rkey, Sgl, WcOpcode, WcStatus, WorkCompletion, WrId,
+    AccessFlags, ConnId, Inline, MemoryHandle, Rkey, Sgl, WcOpcode, WcStatus, WorkCompletion, WrId,
 };
 
 use crate::types::{Msn, Mtu, Psn, Qpn};
@@ -481,13 +481,33 @@ enum WqeOp {
     },
 }
 
+/// Where the bytes of a send-queue entry come from.
+#[derive(Debug, Clone)]
+enum Payload {
+    /// Registered memory, pinned until completion, gathered each time a
+    /// packet is built.
+    Gather(Sgl),
+    /// Copied into the entry at post time (`SendInline`).
+    Inline(Inline),
+}
+
+impl Payload {
+    /// The entries the WQE pins (none for an inline payload).
+    fn sgl(&self) -> &[verbs::Sge] {
+        match self {
+            Self::Gather(sgl) => sgl.as_slice(),
+            Self::Inline(_) => &[],
+        }
+    }
+}
+
 /// A send-queue entry: the request, its PSN range and progress.
 #[derive(Debug, Clone)]
 struct SendWqe {
     wr_id: WrId,
     signaled: bool,
     op: WqeOp,
-    sgl: Sgl,
+    payload: Payload,
     len: u32,
     first_psn: Psn,
     /// PSNs taken: packets (READ: response packets); 0 for LOCAL_INV.
@@ -1077,7 +1097,7 @@ impl Qp {
         self.rnr_until = None;
         self.reorder.release(ctx.reorder);
         while let Some(wqe) = self.sq.pop_front() {
-            let _ = ctx.arena.unpin_sgl(wqe.sgl.as_slice());
+            let _ = ctx.arena.unpin_sgl(wqe.payload.sgl());
             let wc = WorkCompletion::new(
                 wqe.wr_id,
                 self.conn,
@@ -1125,7 +1145,7 @@ impl Qp {
         S: AsRef<[u8]> + AsMut<[u8]>,
     {
         while let Some(wqe) = self.sq.pop_front() {
-            let _ = arena.unpin_sgl(wqe.sgl.as_slice());
+            let _ = arena.unpin_sgl(wqe.payload.sgl());
         }
         if let Inbound::Send { recv, .. } = core::mem::replace(&mut self.inbound, Inbound::Idle) {
             let _ = arena.unpin_sgl(recv.sgl.as_slice());

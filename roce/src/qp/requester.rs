@@ -60,7 +60,7 @@
 use heapless::Vec;
 use verbs::{AccessFlags, PostError, SendOp, SendWr, WcStatus, WorkCompletion, MAX_SGE};
 
-use super::{config, Context, FrameSink, Qp, QpState, RttEstimate, SendWqe, WqeOp};
+use super::{config, Context, FrameSink, Payload, Qp, QpState, RttEstimate, SendWqe, WqeOp};
 use crate::types::Psn;
 use crate::wire::{
     ExtHeaders, IethRepr, ImmDtRepr, NakCode, Opcode, RethRepr, RoceFrame, Syndrome,
@@ -261,20 +261,28 @@ impl Qp {
             arena.check_sgl(sgl, access)?;
         }
         for request in requests {
-            let (op, sgl) = match &request.op {
+            let gather = |sgl: &verbs::Sgl| Payload::Gather(sgl.clone());
+            let (op, payload) = match &request.op {
                 SendOp::Send { sgl, imm } => (
                     WqeOp::Send {
                         imm: *imm,
                         invalidate: None,
                     },
-                    sgl,
+                    gather(sgl),
+                ),
+                SendOp::SendInline { data, imm } => (
+                    WqeOp::Send {
+                        imm: *imm,
+                        invalidate: None,
+                    },
+                    Payload::Inline(*data),
                 ),
                 SendOp::SendWithInv { sgl, invalidate } => (
                     WqeOp::Send {
                         imm: None,
                         invalidate: Some(*invalidate),
                     },
-                    sgl,
+                    gather(sgl),
                 ),
                 SendOp::RdmaWrite {
                     sgl,
@@ -287,7 +295,7 @@ impl Qp {
                         rkey: *rkey,
                         imm: *imm,
                     },
-                    sgl,
+                    gather(sgl),
                 ),
                 SendOp::RdmaRead {
                     sgl,
@@ -298,23 +306,29 @@ impl Qp {
                         remote_addr: *remote_addr,
                         rkey: *rkey,
                     },
-                    sgl,
+                    gather(sgl),
                 ),
-                SendOp::LocalInv { rkey } => (WqeOp::LocalInv { rkey: *rkey }, &verbs::Sgl::new()),
+                SendOp::LocalInv { rkey } => (
+                    WqeOp::LocalInv { rkey: *rkey },
+                    Payload::Gather(verbs::Sgl::new()),
+                ),
             };
             // Checked above; the sum fits.
-            let len = sgl.total_len().unwrap_or(0);
+            let len = match &payload {
+                Payload::Gather(sgl) => sgl.total_len().unwrap_or(0),
+                Payload::Inline(data) => data.len(),
+            };
             let npkts = match op {
                 WqeOp::LocalInv { .. } => 0,
                 _ => len.div_ceil(self.mtu).max(1),
             };
             // Pins cannot fail: every lkey was checked above.
-            let _ = arena.pin_sgl(sgl.as_slice());
+            let _ = arena.pin_sgl(payload.sgl());
             let wqe = SendWqe {
                 wr_id: request.wr_id,
                 signaled: request.signaled,
                 op,
-                sgl: sgl.clone(),
+                payload,
                 len,
                 first_psn: self.post_psn,
                 npkts,
@@ -696,8 +710,13 @@ impl Qp {
             }
             WqeOp::Read { .. } | WqeOp::LocalInv { .. } => return false,
         };
+        if let Payload::Inline(inline) = &wqe.payload {
+            // MAX_INLINE (32) is below the smallest path MTU (256): one
+            // packet, offset 0; a resend rebuilds it from the WQE.
+            return self.emit(sink, opcode, psn, ack_req, &ext, &[inline.as_slice()]);
+        }
         let mut pieces: Vec<&[u8], MAX_SGE> = Vec::new();
-        match ctx.arena.sgl_slices(wqe.sgl.as_slice(), offset, len) {
+        match ctx.arena.sgl_slices(wqe.payload.sgl(), offset, len) {
             Ok(slices) => {
                 for piece in slices {
                     if pieces.push(piece).is_err() {
@@ -985,12 +1004,10 @@ impl Qp {
             ctx.counters.drop_bad_opcode += 1;
             return;
         }
-        let sgl = wqe.sgl.clone();
-        if ctx
+        let scattered = ctx
             .arena
-            .scatter_from(sgl.as_slice(), offset, frame.payload)
-            .is_err()
-        {
+            .scatter_from(wqe.payload.sgl(), offset, frame.payload);
+        if scattered.is_err() {
             self.fail_at(index, WcStatus::LocProtErr, ctx);
             return;
         }
@@ -1030,7 +1047,7 @@ impl Qp {
             if self.tx_seq < self.front_seq {
                 self.tx_seq = self.front_seq;
             }
-            let _ = ctx.arena.unpin_sgl(wqe.sgl.as_slice());
+            let _ = ctx.arena.unpin_sgl(wqe.payload.sgl());
             if wqe.signaled {
                 let mut wc = WorkCompletion::new(
                     wqe.wr_id,
@@ -1070,7 +1087,7 @@ impl Qp {
                 break;
             };
             self.front_seq += 1;
-            let _ = ctx.arena.unpin_sgl(wqe.sgl.as_slice());
+            let _ = ctx.arena.unpin_sgl(wqe.payload.sgl());
             let status = if position == index {
                 status
             } else {

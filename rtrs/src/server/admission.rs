@@ -14,7 +14,7 @@
 //! 2. `max_paths_per_session` for a path joining a session;
 //! 3. [`Admission::admit`] for this path: every path of a session is asked
 //!    about, with its own client address, not only the first;
-//! 4. the chunk pool and the INFO_RSP and RKEY_RSP buffers, allocated and
+//! 4. the chunk pool and the INFO_RSP buffer, allocated and
 //!    registered on the path's port now, when they are first needed: the
 //!    client writes into chunks only after INFO_RSP told it where they are
 //!    (rtrs.md §3.3; CONN_RSP carries only sizes, §2.5).

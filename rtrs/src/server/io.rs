@@ -1,13 +1,18 @@
 //! The IO path (rtrs.md §4): IO_REQ immediates, LOCAL_INV, request parsing
 //! with the checks of rnbd.md §8.2, and the response chains of §4.6.
 
-use verbs::{PostError, RecvWr, RegError, Rkey, SendOp, SendWr, Sgl, Verbs, WorkCompletion};
+use verbs::{
+    Inline, PostError, RecvWr, RegError, Rkey, SendOp, SendWr, Sgl, Verbs, WorkCompletion,
+};
 
 use super::table::{ReadInfo, Response};
 use super::{
     errno, wr_id, CloseReason, Event, IoDirection, IoState, IoToken, Lent, ReadData, WrKind,
 };
 use crate::wire::{Imm, IoMsg, IoRequest, ParseError, ReadMsg, RkeyRsp};
+
+// The always_invalidate answer goes inline (`try_respond`).
+static_assertions::const_assert!(RkeyRsp::LEN <= verbs::MAX_INLINE);
 
 impl<V: Verbs> Lent<'_, V> {
     /// rtrs.md §4.5 step 1-2, §5.
@@ -276,9 +281,6 @@ impl<V: Verbs> Lent<'_, V> {
             return;
         };
         let region = chunk_slot.region;
-        let Some(rkey_buffer) = slot.rkey_rsp else {
-            return;
-        };
         let mut response = response;
         let mut rkey = region.rkey;
         if invalidate_mode && !response.rekeyed {
@@ -348,22 +350,16 @@ impl<V: Verbs> Lent<'_, V> {
         // chunk < qd < 2^16 and errno <= 511: always encodable.
         let imm = rsp.encode().unwrap_or(0);
         let completion = if invalidate_mode {
+            // rtrs.md §4.9: the fresh rkey rides in the request itself.
             let mut bytes = [0u8; RkeyRsp::LEN];
             let _ = RkeyRsp {
                 buf_id: chunk,
                 rkey,
             }
             .emit(&mut bytes);
-            let offset = u32::from(chunk) * RkeyRsp::LEN as u32;
-            if self.ports[port]
-                .write(rkey_buffer.handle, offset, &bytes)
-                .is_err()
-            {
-                self.begin_close(path, CloseReason::PostFailed, now);
-                return;
-            }
-            SendOp::Send {
-                sgl: Sgl::single(rkey_buffer.sge(offset, RkeyRsp::LEN as u32)),
+            SendOp::SendInline {
+                // RkeyRsp::LEN <= MAX_INLINE: asserted above.
+                data: Inline::try_from_slice(&bytes).unwrap_or_default(),
                 imm: Some(imm),
             }
         } else {

@@ -81,7 +81,7 @@
 //! the path's port ([`Verbs::alloc`]): the INFO_REQ receive buffer when a
 //! path is created, and once its INFO_REQ is admitted its chunk pool
 //! (`queue_depth` buffers of `chunk_size` bytes, each registered on its own
-//! so it can be re-keyed) and the INFO_RSP and RKEY_RSP buffers; all of it
+//! so it can be re-keyed) and the INFO_RSP buffer; all of it
 //! goes back when the path is freed. Each path has its own chunk memory,
 //! which removes the multipath failover hazard of rtrs.md §7.
 //!
@@ -537,8 +537,7 @@ impl<V: Verbs> Server<V> {
                 .count();
             usage.buffers += path.chunks.len()
                 + usize::from(path.info_req.is_some())
-                + usize::from(path.info_rsp.is_some())
-                + usize::from(path.rkey_rsp.is_some());
+                + usize::from(path.info_rsp.is_some());
         }
         usage
     }

@@ -5,7 +5,7 @@ use verbs::{AccessFlags, MemoryRegion, Verbs};
 
 use super::table::ChunkSlot;
 use super::{ConnectRefusal, Lent};
-use crate::wire::{InfoReq, RkeyRsp};
+use crate::wire::InfoReq;
 
 impl<V: Verbs> Lent<'_, V> {
     /// Allocates and registers one buffer of `len` bytes on `port`.
@@ -33,8 +33,9 @@ impl<V: Verbs> Lent<'_, V> {
         Ok(())
     }
 
-    /// Allocates and registers the chunk pool, the INFO_RSP and the RKEY_RSP
-    /// buffers of an admitted path on the path's port. What was allocated
+    /// Allocates and registers the chunk pool and the INFO_RSP buffer of an
+    /// admitted path on the path's port (RKEY_RSP goes inline, in the work
+    /// request). What was allocated
     /// before a failure stays with the path and goes with
     /// [`release_pool`](Self::release_pool).
     pub(super) fn allocate_pool(&mut self, index: usize) -> Result<(), ConnectRefusal> {
@@ -48,9 +49,6 @@ impl<V: Verbs> Lent<'_, V> {
         let info_rsp_len = 8 + 16 * u32::from(config.queue_depth);
         let region = Self::register(verbs, info_rsp_len, 64, AccessFlags::EMPTY)?;
         self.server.paths[index].info_rsp = Some(region);
-        let rkey_len = RkeyRsp::LEN as u32 * u32::from(config.queue_depth);
-        let region = Self::register(verbs, rkey_len, 64, AccessFlags::EMPTY)?;
-        self.server.paths[index].rkey_rsp = Some(region);
         Ok(())
     }
 
@@ -67,7 +65,7 @@ impl<V: Verbs> Lent<'_, V> {
                 break;
             }
         }
-        for slot in [&mut path.info_req, &mut path.info_rsp, &mut path.rkey_rsp] {
+        for slot in [&mut path.info_req, &mut path.info_rsp] {
             if let Some(region) = *slot {
                 if verbs.free(region.handle).is_ok() {
                     *slot = None;

@@ -111,7 +111,7 @@ pub enum IoState {
         read: Option<ReadInfo>,
     },
     /// The answer is ready; the chunk's previous response has not completed
-    /// yet (its memory is still pinned, or its RKEY_RSP slot in use).
+    /// yet (its memory is still pinned).
     WaitingForPreviousCompletion(Response),
     /// The answer is ready; the send queue had no room for the chain.
     WaitingForSendQueue(Response),
@@ -183,7 +183,6 @@ pub(super) struct PathSlot {
     pub chunks: Vec<ChunkSlot>,
     pub info_req: Option<MemoryRegion>,
     pub info_rsp: Option<MemoryRegion>,
-    pub rkey_rsp: Option<MemoryRegion>,
     /// Liveness (rtrs.md §5), once connected.
     pub heartbeat: Heartbeat,
     /// While connecting: when the path is closed if its setup is not done.
@@ -223,7 +222,6 @@ impl PathSlot {
             chunks: Vec::with_capacity(usize::from(config.queue_depth)),
             info_req: None,
             info_rsp: None,
-            rkey_rsp: None,
             heartbeat: Heartbeat::default(),
             setup_deadline: 0,
             ack_pending: false,

@@ -167,6 +167,7 @@ impl Inner {
         let needs_recv = matches!(
             wr.op,
             SendOp::Send { .. }
+                | SendOp::SendInline { .. }
                 | SendOp::SendWithInv { .. }
                 | SendOp::RdmaWrite { imm: Some(_), .. }
         );
@@ -174,12 +175,14 @@ impl Inner {
             return false; // RNR: retried later
         }
         let sgl = wr.op.sgl().to_vec();
-        let len: u32 = sgl.iter().map(|s| s.len).sum();
-        let mut bytes = vec![0u8; len as usize];
-        if self.sides[side]
-            .arena
-            .gather_into(&sgl, 0, &mut bytes)
-            .is_err()
+        let len: u32 = sgl.iter().map(|s| s.len).sum::<u32>() + wr.op.inline().len() as u32;
+        let mut bytes = wr.op.inline().to_vec();
+        bytes.resize(len as usize, 0);
+        if wr.op.inline().is_empty()
+            && self.sides[side]
+                .arena
+                .gather_into(&sgl, 0, &mut bytes)
+                .is_err()
         {
             self.conns[at].sq.pop_front();
             self.sides[side].cq.push_back(WorkCompletion::new(
@@ -204,12 +207,12 @@ impl Inner {
         let mut status = WcStatus::Success;
         let mut peer_wc: Option<WorkCompletion> = None;
         match &wr.op {
-            SendOp::Send { .. } | SendOp::SendWithInv { .. } => {
+            SendOp::Send { .. } | SendOp::SendInline { .. } | SendOp::SendWithInv { .. } => {
                 let recv = self.conns[peer_at].rq.pop_front().expect("checked");
                 let mut wc =
                     WorkCompletion::new(recv.wr_id, peer, WcOpcode::Recv, WcStatus::Success);
                 wc.byte_len = len;
-                if let SendOp::Send { imm, .. } = &wr.op {
+                if let SendOp::Send { imm, .. } | SendOp::SendInline { imm, .. } = &wr.op {
                     wc.imm = *imm;
                 }
                 let room: u32 = recv.sgl.as_slice().iter().map(|s| s.len).sum();

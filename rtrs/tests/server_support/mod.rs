@@ -151,6 +151,9 @@ impl MockVerbs {
 
     /// The bytes a send gathers.
     pub fn gather(&self, wr: &SendWr) -> Vec<u8> {
+        if let SendOp::SendInline { data, .. } = &wr.op {
+            return data.as_slice().to_vec();
+        }
         let sgl = wr.op.sgl();
         let len: u32 = sgl.iter().map(|s| s.len).sum();
         let mut out = vec![0; len as usize];

@@ -161,12 +161,12 @@ mod tests {
         // 65 connections per path of the 80 pools' paths and of 16
         // half-open paths: 6,240 QPs of send depth 128 and receive depth
         // 513 and their CQ budgets, twice as many CM slots plus 16,
-        // 80 × 515 + 16 regions; 40,960 requests, two volumes that can
+        // 80 × 514 + 16 regions; 40,960 requests, two volumes that can
         // park each.
         let qps = (80 + 16) * 65;
         let per_qp = 4096 + 128 * 128 + 513 * 96;
         let cq = qps * (128 + 513) * 64;
-        let tables = (2 * qps + 16) * 1024 + (80 * 515 + 16) * 48;
+        let tables = (2 * qps + 16) * 1024 + (80 * 514 + 16) * 48;
         let requests = 80 * 512 * (64 + 2 * 128);
         // The HCA's 8 reorder buffers of 128 KiB and their headers; no
         // admin endpoint in this manifest.
