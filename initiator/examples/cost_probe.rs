@@ -13,7 +13,7 @@
 //! with the same warm-up (xtask/src/bench_cost.rs).
 //!
 //! ```text
-//! cost_probe read|write|idle BYTES WARMUP IOS [DEPTH [image|default [invalidate|keep]]]
+//! cost_probe read|write|idle BYTES WARMUP IOS [DEPTH [image|default [invalidate|keep [MTU]]]]
 //! ```
 //!
 //! The target's tables are sized from its manifest's `[limits]`: `image`
@@ -21,7 +21,9 @@
 //! the manifest defaults (16 sessions of 4 paths of 65 connections).
 //! `invalidate` (the default, as the manifest's) serves with
 //! `always_invalidate` (a fresh rkey per chunk after every IO), `keep`
-//! without it.
+//! without it. `MTU` (default 1500) is the link MTU of both sides: the
+//! target's interface in its manifest, the initiator's path MTU after it
+//! (1500: 1024, 9000: 4096).
 //!
 //! The volume is written first (so reads return data), then `WARMUP` IOs
 //! of the workload, then `IOS` measured ones, `DEPTH` in flight. Every
@@ -39,6 +41,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use initiator::{AccessMode, Event, Initiator, InitiatorConfig, IoKind, VolumeId};
 use manifest::binary::Manifest;
 use roce::hca::{Hca, HcaConfig};
+use roce::types::Mtu;
 use target_image::{Engine, HcaEngine};
 use verbs::KeySource;
 
@@ -70,12 +73,9 @@ static GLOBAL: alloc_counter::Counting = alloc_counter::Counting::new(note);
 const IMAGE_LIMITS: &str =
     "[limits]\nmax_sessions = 4\nqueue_depth = 128\nmax_connections_per_path = 9\n";
 
-/// The target after its `[limits]`: one interface at MTU 1500 (the
-/// image's links), one RAM volume, the default chunk (128 KiB of data).
-const MANIFEST: &str = r#"
-[[interfaces]]
-name = "eth0"
-mac = "52:54:00:77:00:01"
+/// The target after its `[limits]` and its interface's first lines (name,
+/// MTU): one RAM volume, the default chunk (128 KiB of data).
+const MANIFEST: &str = r#"mac = "52:54:00:77:00:01"
 address = "10.77.0.1/24"
 
 [[volumes]]
@@ -134,7 +134,7 @@ mod link {
         payload: &[&[u8]],
         trailer: &[u8],
     ) {
-        let mut frame = pool.pop().unwrap_or_else(|| Vec::with_capacity(2048));
+        let mut frame = pool.pop().unwrap_or_else(|| Vec::with_capacity(9216));
         frame.clear();
         frame.extend_from_slice(headers);
         for piece in payload {
@@ -185,10 +185,11 @@ fn pattern(offset: u64, len: usize) -> Vec<u8> {
 impl Probe {
     /// The probe's target with the image's limits, or the manifest
     /// defaults (`default_limits`); `always_invalidate` as the manifest's.
-    fn new(default_limits: bool, always_invalidate: bool) -> Self {
+    fn new(default_limits: bool, always_invalidate: bool, mtu: u16) -> Self {
         let limits = if default_limits { "" } else { IMAGE_LIMITS };
         let text = format!(
-            "[target]\nname = \"brick-cost\"\nalways_invalidate = {always_invalidate}\n\n{limits}{MANIFEST}"
+            "[target]\nname = \"brick-cost\"\nalways_invalidate = {always_invalidate}\n\n{limits}\
+             [[interfaces]]\nname = \"eth0\"\nmtu = {mtu}\n{MANIFEST}"
         );
         let blob: &'static [u8] = Box::leak(
             manifest::build(&text, "cost.toml")
@@ -203,7 +204,7 @@ impl Probe {
         config.queue_depth = 32;
         config.max_transfer = 128 << 10;
         let pool = usize::try_from(config.pool_bytes()).expect("pool size") + (8 << 20);
-        let hca = Hca::new(
+        let mut hca = Hca::new(
             vec![0u8; pool],
             Keys(7919),
             HcaConfig {
@@ -211,6 +212,7 @@ impl Probe {
                 ip: [10, 77, 0, 2],
             },
         );
+        hca.set_path_mtu(Mtu::for_ethernet_mtu(usize::from(mtu)).expect("MTU of at least 576"));
         let client = Box::new(Initiator::new(hca, config).expect("initiator"));
         Self {
             engine,
@@ -364,7 +366,7 @@ fn check_counter() {
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let usage = "usage: cost_probe read|write|idle BYTES WARMUP IOS [DEPTH [image|default \
-                 [invalidate|keep]]]";
+                 [invalidate|keep [MTU]]]]";
     let number = |i: usize, default: Option<u64>| -> u64 {
         match args.get(i) {
             Some(text) => text
@@ -392,6 +394,10 @@ fn main() {
         Some("keep") => false,
         Some(other) => panic!("expected invalidate or keep, found {other:?}; {usage}"),
     };
+    let mtu = u16::try_from(number(7, Some(1500)))
+        .ok()
+        .filter(|mtu| (576..=9000).contains(mtu))
+        .unwrap_or_else(|| panic!("expected an MTU of 576..=9000; {usage}"));
     assert!(
         bytes % 512 == 0 && (512..=128 << 10).contains(&bytes),
         "BYTES must be a multiple of 512 up to 128 KiB, found {bytes}"
@@ -400,7 +406,7 @@ fn main() {
     std::thread::Builder::new()
         .stack_size(256 << 20)
         .spawn(move || {
-            let mut probe = Probe::new(default_limits, always_invalidate);
+            let mut probe = Probe::new(default_limits, always_invalidate, mtu);
             let volume = probe.connect_and_open();
             // Fill the checked slots so reads return known bytes.
             probe.run_ios(volume, true, bytes, (SPAN / u64::from(bytes)).min(64), 1);
@@ -420,7 +426,7 @@ fn main() {
             }
             println!(
                 "cost-probe: kind={} bytes={bytes} depth={depth} warmup={warmup} \
-                 limits={} always_invalidate={always_invalidate} measured_ios={ios} \
+                 limits={} always_invalidate={always_invalidate} mtu={mtu} measured_ios={ios} \
                  allocations={} answered={}",
                 kind,
                 if default_limits { "default" } else { "image" },

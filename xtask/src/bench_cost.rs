@@ -44,6 +44,10 @@ pub struct BenchCostArgs {
     /// image with) or `default` (the manifest defaults).
     #[arg(long, default_value = "image", value_parser = ["image", "default"])]
     limits: String,
+    /// Link MTU of the target's interface and the initiator (1500: path
+    /// MTU 1024, as the image's links; 9000: 4096).
+    #[arg(long, default_value_t = 1500, value_parser = clap::value_parser!(u16).range(576..=9000))]
+    mtu: u16,
     /// Functions listed per workload, by self cost beyond copy and CRC.
     #[arg(long, default_value_t = 10)]
     top: usize,
@@ -213,7 +217,8 @@ fn callgrind(
                 "invalidate"
             } else {
                 "keep"
-            }),
+            })
+            .arg(args.mtu.to_string()),
     )?;
     let text =
         std::fs::read_to_string(out).with_context(|| format!("reading {}", out.display()))?;
@@ -315,13 +320,14 @@ fn method(args: &BenchCostArgs) -> String {
     format!(
         "target-side instructions (callgrind Ir inside {TARGET_SIDE}) per IO = \
          (run with {} IOs - run with {} IOs) / {}, same warm-up ({} IOs); QD{}, {} limits, \
-         MTU 1500, RAM volume",
+         MTU {}, RAM volume",
         2 * args.ios,
         args.ios,
         args.ios,
         args.warmup,
         args.depth,
-        args.limits
+        args.limits,
+        args.mtu
     )
 }
 
@@ -476,6 +482,7 @@ fn json(args: &BenchCostArgs, results: &[Measured]) -> serde_json::Value {
         "warmup": args.warmup,
         "depth": args.depth,
         "limits": args.limits,
+        "mtu": args.mtu,
         "workloads": workloads,
         "always_invalidate_cost": invalidate_pairs(results).iter().map(|(name, on, off)| serde_json::json!({
             "workload": name, "with": on.round(), "without": off.round(),
