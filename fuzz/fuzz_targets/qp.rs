@@ -127,7 +127,7 @@ fn sge(side: &Side, script: &mut Script<'_>) -> Sgl {
 }
 
 fn post_send(local: &mut Side, peer: &Side, script: &mut Script<'_>) {
-    let kind = script.below(7);
+    let kind = script.below(8);
     let wrong = script.u8();
     let sgl = sge(local, script);
     let len = sgl.total_len().unwrap_or(0);
@@ -159,7 +159,15 @@ fn post_send(local: &mut Side, peer: &Side, script: &mut Script<'_>) {
             remote_addr,
             rkey,
         },
-        _ => SendOp::LocalInv { rkey },
+        6 => SendOp::LocalInv { rkey },
+        _ => {
+            let bytes = [script.u8(); verbs::MAX_INLINE];
+            let len = usize::from(script.below(verbs::MAX_INLINE as u8 + 1));
+            SendOp::SendInline {
+                data: verbs::Inline::try_from_slice(&bytes[..len]).unwrap_or_default(),
+                imm,
+            }
+        }
     };
     let id = local.next_id;
     local.next_id += 1;

@@ -22,8 +22,8 @@ use rc_support::{Pair, PairConfig, Rng, TestHca, Verdict};
 use roce::qp::Counters;
 use roce::types::{Mtu, Psn};
 use verbs::{
-    AccessFlags, Memory, MemoryRegion, RecvWr, Rkey, SendOp, SendWr, Sge, Sgl, Verbs, WcOpcode,
-    WcStatus, WorkCompletion, WrId,
+    AccessFlags, Inline, Memory, MemoryRegion, RecvWr, Rkey, SendOp, SendWr, Sge, Sgl, Verbs,
+    WcOpcode, WcStatus, WorkCompletion, WrId, MAX_INLINE,
 };
 
 /// Work requests in flight per side (each owns a slot of source and of the
@@ -273,6 +273,11 @@ impl Sim {
             if matches!(kind, Kind::WriteZero | Kind::LocalInv) {
                 len = 0;
             }
+            // Now and then a SEND carries its bytes in the request itself.
+            let inline = matches!(kind, Kind::Send { inv: None, .. }) && self.rng.chance(0.3);
+            if inline {
+                len = len.min(MAX_INLINE as u32);
+            }
             let side = &mut self.sides[index];
             let slot = side.free_slots.pop().unwrap();
             let slot_offset = slot as u32 * side.slot_size;
@@ -299,6 +304,10 @@ impl Sim {
             let peer_dst = self.sides[peer].dst;
             let peer_rsrc = self.sides[peer].rsrc;
             let op = match kind {
+                Kind::Send { imm, inv: None } if inline => SendOp::SendInline {
+                    data: Inline::try_from_slice(&payload).unwrap(),
+                    imm,
+                },
                 Kind::Send { imm, inv: None } => SendOp::Send { sgl, imm },
                 Kind::Send { inv: Some(inv), .. } => SendOp::SendWithInv {
                     sgl,
