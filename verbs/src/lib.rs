@@ -61,7 +61,7 @@
 //! An outgoing data packet is its headers, built in a small buffer, plus a
 //! scatter-gather reference into registered memory; the payload is never
 //! copied into a frame buffer. The provider resolves each packet's share of
-//! the SGL into slices of the pool ([`memory::Arena::sgl_slices`]) and
+//! the SGL into slices of the pool ([`memory::Arena::sgl_pieces`], one pass over the entries it touches) and
 //! hands header + slices to the NIC, which gathers them (writev, virtio
 //! descriptor chains). Retransmission resends from the same memory.
 //!

@@ -424,8 +424,15 @@ fn run(ops: Vec<Op>, seed: u64) {
                                 .copied()
                                 .collect();
                             assert_eq!(pieces, out);
+                            let one_pass: Vec<u8> =
+                                arena.sgl_pieces(&sgl, offset, len).unwrap().concat();
+                            assert_eq!(one_pass, out);
                         } else {
                             assert_eq!(result, Err(AccessError::OutOfBounds));
+                            assert_eq!(
+                                arena.sgl_pieces(&sgl, offset, len).map(|p| p.len()),
+                                Err(AccessError::OutOfBounds)
+                            );
                         }
                     }
                 }

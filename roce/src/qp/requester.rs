@@ -57,8 +57,7 @@
 //! replays duplicate READs from its remembered READ resources (roce-v2.md
 //! §2.5 item 5).
 
-use heapless::Vec;
-use verbs::{AccessFlags, PostError, SendOp, SendWr, WcStatus, WorkCompletion, MAX_SGE};
+use verbs::{AccessFlags, PostError, SendOp, SendWr, WcStatus, WorkCompletion};
 
 use super::{config, Context, FrameSink, Payload, Qp, QpState, RttEstimate, SendWqe, WqeOp};
 use crate::types::Psn;
@@ -382,20 +381,11 @@ impl Qp {
     }
 
     pub(super) fn wqe_at(&self, index: usize) -> Option<&SendWqe> {
-        let (front, back) = self.sq.as_slices();
-        front
-            .get(index)
-            .or_else(|| back.get(index.checked_sub(front.len())?))
+        self.sq.get(index)
     }
 
     fn wqe_at_mut(&mut self, index: usize) -> Option<&mut SendWqe> {
-        let (front, back) = self.sq.as_mut_slices();
-        let front_len = front.len();
-        if index < front_len {
-            front.get_mut(index)
-        } else {
-            back.get_mut(index - front_len)
-        }
+        self.sq.get_mut(index)
     }
 
     /// Whether selective resends are marked.
@@ -715,18 +705,10 @@ impl Qp {
             // packet, offset 0; a resend rebuilds it from the WQE.
             return self.emit(sink, opcode, psn, ack_req, &ext, &[inline.as_slice()]);
         }
-        let mut pieces: Vec<&[u8], MAX_SGE> = Vec::new();
-        match ctx.arena.sgl_slices(wqe.payload.sgl(), offset, len) {
-            Ok(slices) => {
-                for piece in slices {
-                    if pieces.push(piece).is_err() {
-                        return false;
-                    }
-                }
-            }
-            Err(_) => return false,
+        match ctx.arena.sgl_pieces(wqe.payload.sgl(), offset, len) {
+            Ok(pieces) => self.emit(sink, opcode, psn, ack_req, &ext, &pieces),
+            Err(_) => false,
         }
-        self.emit(sink, opcode, psn, ack_req, &ext, &pieces)
     }
 
     /// Handles an ACKNOWLEDGE or READ response.

@@ -27,7 +27,7 @@ use crate::access::AccessFlags;
 use crate::error::{AccessError, AllocError, RegError};
 use crate::key::{KeySource, Lkey, Rkey};
 use crate::memory::{Memory, MemoryHandle, MemoryRegion, RegionId};
-use crate::wr::Sge;
+use crate::wr::{Sge, MAX_SGE};
 
 /// A registration: keys, rights and how many posted work requests use it.
 #[derive(Clone, Copy, Debug)]
@@ -509,6 +509,64 @@ impl<S: AsRef<[u8]> + AsMut<[u8]>, const N: usize> Arena<S, N> {
             skip: offset,
             remaining: len,
         })
+    }
+
+    /// [`sgl_slices`](Self::sgl_slices) collected, in one pass that
+    /// checks only the entries the range touches, each once (key, bounds):
+    /// the payload of one packet of a posted, pinned work request.
+    ///
+    /// # Errors
+    ///
+    /// As [`resolve_local`](Self::resolve_local) for a touched entry;
+    /// [`AccessError::OutOfBounds`] if the range exceeds the SGL.
+    pub fn sgl_pieces<'a>(
+        &'a self,
+        sgl: &[Sge],
+        offset: u32,
+        len: u32,
+    ) -> Result<heapless::Vec<&'a [u8], MAX_SGE>, AccessError> {
+        let mut pieces = heapless::Vec::new();
+        if len == 0 {
+            // No entry touched; the range must still lie inside the SGL.
+            let total = crate::wr::total_len(sgl).ok_or(AccessError::OutOfBounds)?;
+            return if offset <= total {
+                Ok(pieces)
+            } else {
+                Err(AccessError::OutOfBounds)
+            };
+        }
+        let (mut skip, mut remaining) = (offset, len);
+        for sge in sgl {
+            if remaining == 0 {
+                break;
+            }
+            if skip >= sge.len {
+                skip -= sge.len;
+                continue;
+            }
+            let take = (sge.len - skip).min(remaining);
+            let index = self.lkey_slot(sge.lkey)?;
+            let slot = &self.slots[index];
+            let start = sge
+                .offset
+                .checked_add(skip)
+                .filter(|start| start.checked_add(take).is_some_and(|end| end <= slot.len))
+                .ok_or(AccessError::OutOfBounds)?;
+            let start = slot.start + start as usize;
+            let bytes = self
+                .storage
+                .as_ref()
+                .get(start..start + take as usize)
+                .ok_or(AccessError::OutOfBounds)?;
+            // At most one piece per entry, and sgl has at most MAX_SGE.
+            pieces.push(bytes).map_err(|_| AccessError::OutOfBounds)?;
+            skip = 0;
+            remaining -= take;
+        }
+        if remaining > 0 {
+            return Err(AccessError::OutOfBounds);
+        }
+        Ok(pieces)
     }
 
     /// Copies bytes `offset .. offset + dst.len()` of the SGL's byte stream
