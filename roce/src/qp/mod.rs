@@ -82,6 +82,8 @@
 
 use alloc::collections::VecDeque;
 
+use core::cell::Cell;
+
 use heapless::Deque;
 use verbs::memory::Arena;
 use verbs::{
@@ -93,7 +95,7 @@ use crate::wire::{
     ipv4, udp, EtherType, EthernetAddress, EthernetRepr, ExtHeaders, FrameHeaders, HeaderTemplate,
     IcrcSeed, Ipv4Address, Ipv4Repr, Opcode, RoceFrame, UdpRepr, MAX_HEADERS_LEN,
 };
-use crate::wire::{BthRepr, Trailer};
+use crate::wire::{BthRepr, ExtSet, PacketShape, Trailer};
 
 mod requester;
 mod responder;
@@ -603,6 +605,10 @@ pub struct Qp {
     state: QpState,
     params: Option<QpParams>,
     template: Option<HeaderTemplate>,
+    /// The headers of the last middle packet built from `template`, for the
+    /// next ones (see [`PacketShape`]); a cache, so behind a `Cell` for the
+    /// `&self` emit path.
+    middle: Cell<Option<PacketShape>>,
     /// Where every packet's ICRC starts (see [`IcrcSeed`]).
     icrc: IcrcSeed,
     mtu: u32,
@@ -733,6 +739,7 @@ impl Qp {
             state: QpState::Reset,
             params: None,
             template: None,
+            middle: Cell::new(None),
             icrc: IcrcSeed::new(),
             mtu: 1024,
             sq,
@@ -915,6 +922,7 @@ impl Qp {
         let mtu = params.mtu.bytes().ok_or(ConnectQpError::InvalidMtu)?;
         self.mtu = mtu as u32;
         let path = params.path;
+        self.middle.set(None);
         self.template = Some(HeaderTemplate::new(&FrameHeaders {
             eth: EthernetRepr {
                 src_addr: EthernetAddress(path.local_mac),
@@ -1173,6 +1181,27 @@ impl Qp {
             return false;
         };
         let payload_len = pieces.iter().map(|piece| piece.len()).sum();
+        let middle = matches!(
+            opcode,
+            Opcode::RcSendMiddle | Opcode::RcRdmaWriteMiddle | Opcode::RcRdmaReadResponseMiddle
+        );
+        if middle && ext.set() == ExtSet::NONE {
+            // Middle packets carry no extended headers and one path MTU of
+            // payload: all alike but for AckReq and PSN.
+            let shape = match self.middle.get() {
+                Some(shape) if shape.is(opcode, payload_len) => shape,
+                _ => {
+                    let Ok(shape) = template.shape(&self.icrc, opcode, payload_len) else {
+                        return false;
+                    };
+                    self.middle.set(Some(shape));
+                    shape
+                }
+            };
+            let (headers, trailer) = shape.packet(psn, ack_req, pieces);
+            sink.transmit(&headers, pieces, trailer.as_bytes());
+            return true;
+        }
         let mut buf = [0u8; MAX_HEADERS_LEN];
         let Ok(len) = template.emit(&mut buf, opcode, psn, ack_req, ext, payload_len) else {
             return false;

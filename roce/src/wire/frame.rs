@@ -20,8 +20,9 @@
 
 use core::fmt;
 
-use super::bytes::{read_u32_le, write_u32_le};
+use super::bytes::read_u32_le;
 use super::icrc::{verify_icrc_from, IcrcSeed, ICRC_LEN};
+use super::template::Trailer;
 use super::{
     aeth, arp, atomic_ack_eth, atomic_eth, bth, deth, ethernet, ieth, immdt, ipv4, reth, udp,
 };
@@ -660,7 +661,12 @@ impl FrameHeaders {
 
     /// Writes the Ethernet, IPv4, UDP and BTH headers for an IB part of
     /// `ib_len` bytes with PadCnt `pad_count`; the lengths are not checked.
-    fn emit_fixed(&self, buf: &mut [u8; FIXED_HEADERS_LEN], ib_len: usize, pad_count: u8) {
+    pub(super) fn emit_fixed(
+        &self,
+        buf: &mut [u8; FIXED_HEADERS_LEN],
+        ib_len: usize,
+        pad_count: u8,
+    ) {
         let eth = EthernetRepr {
             ethertype: EtherType::Ipv4,
             ..self.eth
@@ -700,169 +706,6 @@ impl FrameHeaders {
         rest[..payload.len()].copy_from_slice(payload);
         rest[payload.len()..].copy_from_slice(trailer.as_bytes());
         Ok(frame_len)
-    }
-}
-
-/// The fixed headers of one connection, emitted once, and the packets'
-/// headers patched into a copy of them: what [`FrameHeaders::emit_headers`]
-/// writes for the same headers with the packet's opcode, PSN, AckReq and
-/// extended headers, byte for byte, without building the headers again.
-///
-/// Per packet only these change: the IPv4 total length and checksum, the
-/// UDP length, the BTH opcode, PadCnt, AckReq and PSN. The IPv4 checksum is
-/// the template's word sum plus the total length, folded the same way.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct HeaderTemplate {
-    /// The headers with zero lengths, PadCnt 0 and AckReq clear.
-    bytes: [u8; FIXED_HEADERS_LEN],
-    /// The IPv4 header's 16-bit words summed, total length and checksum
-    /// left out (both are zero in `bytes`).
-    ip_sum: u32,
-}
-
-/// Offsets of the patched fields within the fixed headers.
-mod patch {
-    use super::{bth, ethernet, ipv4, udp};
-    pub const IP: usize = ethernet::HEADER_LEN;
-    pub const IP_TOTAL_LEN: usize = IP + 2;
-    pub const IP_CHECKSUM: usize = IP + 10;
-    pub const UDP_LEN: usize = IP + ipv4::HEADER_LEN + 4;
-    pub const BTH: usize = IP + ipv4::HEADER_LEN + udp::HEADER_LEN;
-    pub const BTH_OPCODE: usize = BTH;
-    pub const BTH_FLAGS: usize = BTH + 1;
-    pub const BTH_ACK_REQ: usize = BTH + 8;
-    pub const BTH_PSN: usize = BTH + 9;
-    const _: () = assert!(BTH + bth::HEADER_LEN == super::FIXED_HEADERS_LEN);
-}
-
-impl HeaderTemplate {
-    /// The template of `headers` (their opcode, PSN, AckReq, PadCnt, IPv4
-    /// length and extended headers are not used).
-    pub fn new(headers: &FrameHeaders) -> HeaderTemplate {
-        let fixed = FrameHeaders {
-            bth: BthRepr {
-                ack_req: false,
-                psn: crate::types::Psn::new(0),
-                ..headers.bth
-            },
-            ..*headers
-        };
-        let mut bytes = [0u8; FIXED_HEADERS_LEN];
-        fixed.emit_fixed(&mut bytes, 0, 0);
-        // Lengths zero: what is left of the IPv4 header to sum.
-        bytes[patch::IP_TOTAL_LEN..patch::IP_TOTAL_LEN + 2].fill(0);
-        bytes[patch::IP_CHECKSUM..patch::IP_CHECKSUM + 2].fill(0);
-        bytes[patch::UDP_LEN..patch::UDP_LEN + 2].fill(0);
-        let ip_sum = bytes[patch::IP..patch::IP + ipv4::HEADER_LEN]
-            .chunks_exact(2)
-            .map(|word| u32::from(u16::from_be_bytes([word[0], word[1]])))
-            .sum();
-        HeaderTemplate { bytes, ip_sum }
-    }
-
-    /// Writes the headers of a packet with `opcode`, `psn`, `ack_req`, the
-    /// extended headers `ext` and `payload_len` bytes of payload at the start
-    /// of `buf`; returns their length. The same bytes and the same errors as
-    /// [`FrameHeaders::emit_headers`] on the template's headers with those
-    /// fields set.
-    ///
-    /// # Errors
-    /// [`EmitError::ExtHeadersMismatch`] or [`EmitError::TooLong`], as
-    /// [`FrameHeaders::check`].
-    pub fn emit(
-        &self,
-        buf: &mut [u8; MAX_HEADERS_LEN],
-        opcode: bth::Opcode,
-        psn: crate::types::Psn,
-        ack_req: bool,
-        ext: &ExtHeaders,
-        payload_len: usize,
-    ) -> Result<usize, EmitError> {
-        let set = ext.set();
-        if opcode.ext_headers() != Some(set) {
-            return Err(EmitError::ExtHeadersMismatch);
-        }
-        let ext_len = set.len();
-        let pad = pad_len(payload_len);
-        let ib_len = (bth::HEADER_LEN + ext_len + pad + ICRC_LEN).saturating_add(payload_len);
-        let udp_len = udp::HEADER_LEN.saturating_add(ib_len);
-        if udp_len > ipv4::MAX_PAYLOAD_LEN {
-            return Err(EmitError::TooLong);
-        }
-        // Both fit 16 bits: MAX_PAYLOAD_LEN is 65,515.
-        let total_len = (ipv4::HEADER_LEN + udp_len) as u16;
-        let (fixed, rest) = buf.split_at_mut(FIXED_HEADERS_LEN);
-        fixed.copy_from_slice(&self.bytes);
-        let mut sum = self.ip_sum + u32::from(total_len);
-        sum = (sum & 0xffff) + (sum >> 16);
-        sum = (sum & 0xffff) + (sum >> 16);
-        fixed[patch::IP_TOTAL_LEN..patch::IP_TOTAL_LEN + 2]
-            .copy_from_slice(&total_len.to_be_bytes());
-        fixed[patch::IP_CHECKSUM..patch::IP_CHECKSUM + 2]
-            .copy_from_slice(&(!(sum as u16)).to_be_bytes());
-        fixed[patch::UDP_LEN..patch::UDP_LEN + 2].copy_from_slice(&(udp_len as u16).to_be_bytes());
-        fixed[patch::BTH_OPCODE] = opcode.into();
-        // pad_len() < 4: two bits at 5..4.
-        fixed[patch::BTH_FLAGS] |= (pad as u8) << 4;
-        fixed[patch::BTH_ACK_REQ] |= u8::from(ack_req) << 7;
-        fixed[patch::BTH_PSN..patch::BTH_PSN + 3].copy_from_slice(&psn.value().to_be_bytes()[1..]);
-        ext.emit(&mut rest[..ext_len]);
-        Ok(FIXED_HEADERS_LEN + ext_len)
-    }
-}
-
-/// What follows the payload on the wire: the pad (0..=3 zero bytes) and the
-/// ICRC, least-significant byte first.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Trailer {
-    bytes: [u8; 3 + ICRC_LEN],
-    len: usize,
-    icrc: u32,
-}
-
-impl Trailer {
-    /// Computes the trailer for `headers` (as written by
-    /// [`FrameHeaders::emit_headers`]) followed by the payload `pieces`.
-    ///
-    /// # Panics
-    /// If `headers` is shorter than Ethernet + IPv4 + UDP + BTH (54 bytes).
-    pub fn new(headers: &[u8], pieces: &[&[u8]]) -> Trailer {
-        Trailer::from_seed(&IcrcSeed::new(), headers, pieces)
-    }
-
-    /// [`Trailer::new`], the ICRC started from `seed`.
-    ///
-    /// # Panics
-    /// As [`Trailer::new`].
-    #[inline]
-    pub fn from_seed(seed: &IcrcSeed, headers: &[u8], pieces: &[&[u8]]) -> Trailer {
-        let payload_len: usize = pieces.iter().map(|piece| piece.len()).sum();
-        let pad = pad_len(payload_len);
-        let mut bytes = [0u8; 3 + ICRC_LEN];
-        let mut icrc = seed.start(headers);
-        for piece in pieces {
-            icrc.update(piece);
-        }
-        if pad > 0 {
-            icrc.update(&bytes[..pad]);
-        }
-        let icrc = icrc.finish();
-        write_u32_le(&mut bytes[pad..pad + ICRC_LEN], icrc);
-        Trailer {
-            bytes,
-            len: pad + ICRC_LEN,
-            icrc,
-        }
-    }
-
-    /// The pad and ICRC bytes to send after the payload.
-    pub fn as_bytes(&self) -> &[u8] {
-        &self.bytes[..self.len]
-    }
-
-    /// The ICRC value.
-    pub fn icrc(&self) -> u32 {
-        self.icrc
     }
 }
 
@@ -1006,7 +849,7 @@ impl fmt::Display for Frame<'_> {
 mod test {
     use super::*;
     use crate::types::{Msn, Psn, Qpn};
-    use crate::wire::{Opcode, Syndrome};
+    use crate::wire::{HeaderTemplate, Opcode, Syndrome};
 
     // roce-v2.md §1.8, worked example 1: RC SEND_ONLY "hello", PadCnt 3.
     static SEND_ONLY: [u8; 66] = [
@@ -1105,6 +948,47 @@ mod test {
                 assert_eq!(parse_frame_from(&seed, input), layered, "{input:02x?}");
             }
         }
+    }
+
+    #[test]
+    fn test_packet_shape() {
+        // A shape's packets are the template's headers and a full ICRC,
+        // byte for byte, whatever AckReq, PSN and payload pieces.
+        let headers = RoceFrame::parse(&SEND_ONLY).unwrap().headers();
+        let template = HeaderTemplate::new(&headers);
+        let seed = IcrcSeed::new();
+        let payload: Vec<u8> = (0..1024u32).map(|i| (i * 7) as u8).collect();
+        for opcode in [
+            Opcode::RcSendMiddle,
+            Opcode::RcRdmaWriteMiddle,
+            Opcode::RcRdmaReadResponseMiddle,
+            Opcode::RcSendLast,
+        ] {
+            for len in [1024, 256, 5] {
+                let shape = template.shape(&seed, opcode, len).unwrap();
+                assert!(shape.is(opcode, len) && !shape.is(opcode, len + 1));
+                let whole = &payload[..len];
+                let (head, tail) = whole.split_at(len / 3);
+                for (psn, ack_req) in [(Psn::new(0xab_cdef), true), (Psn::new(7), false)] {
+                    let (got, trailer) = shape.packet(psn, ack_req, &[head, tail]);
+                    let mut want = [0u8; MAX_HEADERS_LEN];
+                    let n = template
+                        .emit(&mut want, opcode, psn, ack_req, &ExtHeaders::default(), len)
+                        .unwrap();
+                    assert_eq!(&got[..], &want[..n], "{opcode:?} {len} {psn:?}");
+                    assert_eq!(trailer, Trailer::from_seed(&seed, &want[..n], &[whole]));
+                    let frame = [&got[..], whole, trailer.as_bytes()].concat();
+                    let parsed = parse_frame(&frame).unwrap();
+                    assert_eq!((parsed.bth.psn, parsed.bth.ack_req), (psn, ack_req));
+                    assert_eq!(parsed.payload, whole);
+                }
+            }
+        }
+        // Opcodes with extended headers have no shape.
+        assert_eq!(
+            template.shape(&seed, Opcode::RcRdmaWriteFirst, 1024),
+            Err(EmitError::ExtHeadersMismatch)
+        );
     }
 
     #[test]

@@ -42,6 +42,47 @@ mod mask {
     pub const BTH_ECN: usize = 32;
 }
 
+/// Bytes of a frame before the BTH's last four (AckReq and PSN), which hold
+/// every masked field.
+const BEFORE_PSN: usize = ROCE_PREFIX_LEN - 4;
+const _: () = assert!(mask::BTH_ECN < BEFORE_PSN - ethernet::HEADER_LEN);
+
+/// Masks the variant fields of the IPv4..BTH bytes `region` starts with
+/// (an array, so the offsets are checked when compiling).
+#[inline(always)]
+fn mask_variant<const N: usize>(region: &mut [u8; N]) {
+    region[mask::IP_TOS] = 0xff;
+    region[mask::IP_TTL] = 0xff;
+    region[mask::IP_CHECKSUM].fill(0xff);
+    region[mask::UDP_CHECKSUM].fill(0xff);
+    region[mask::BTH_ECN] = 0xff;
+}
+
+/// The ICRC state after a frame's headers up to the BTH's AckReq and PSN
+/// (its last four bytes): what packets whose earlier header bytes are the
+/// same share (see [`IcrcSeed::before_psn`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IcrcBeforePsn(u32);
+
+impl IcrcBeforePsn {
+    /// The ICRC started over `headers` (at least [`ROCE_PREFIX_LEN`] bytes,
+    /// the same before AckReq as those this state was taken from), as
+    /// [`Icrc::new`] on them: only their bytes from AckReq on are hashed.
+    ///
+    /// # Panics
+    /// If `headers` is shorter than [`ROCE_PREFIX_LEN`].
+    #[inline]
+    pub fn resume(self, headers: &[u8]) -> Icrc {
+        assert!(
+            headers.len() >= ROCE_PREFIX_LEN,
+            "ICRC needs the Ethernet, IPv4, UDP and BTH headers"
+        );
+        let mut hasher = crc32fast::Hasher::new_with_initial(self.0);
+        hasher.update(&headers[BEFORE_PSN..]);
+        Icrc { hasher }
+    }
+}
+
 /// The CRC-32 of the eight 0xFF bytes that stand for the masked LRH (in
 /// `crc32fast`'s finalised form: rxe's raw seed 0xDEBB20E3, inverted).
 const AFTER_MASKED_LRH: u32 = !0xDEBB_20E3;
@@ -78,6 +119,24 @@ impl IcrcSeed {
     pub fn start(&self, headers: &[u8]) -> Icrc {
         Icrc::with_hasher(self.hasher.clone(), headers)
     }
+
+    /// The ICRC state after `headers` up to their AckReq and PSN, for
+    /// [`IcrcBeforePsn::resume`].
+    ///
+    /// # Panics
+    /// If `headers` is shorter than [`ROCE_PREFIX_LEN`].
+    pub fn before_psn(&self, headers: &[u8]) -> IcrcBeforePsn {
+        assert!(
+            headers.len() >= ROCE_PREFIX_LEN,
+            "ICRC needs the Ethernet, IPv4, UDP and BTH headers"
+        );
+        let mut masked = [0u8; BEFORE_PSN - ethernet::HEADER_LEN];
+        masked.copy_from_slice(&headers[ethernet::HEADER_LEN..BEFORE_PSN]);
+        mask_variant(&mut masked);
+        let mut hasher = self.hasher.clone();
+        hasher.update(&masked);
+        IcrcBeforePsn(hasher.finalize())
+    }
 }
 
 impl Default for IcrcSeed {
@@ -108,11 +167,7 @@ impl Icrc {
         let (prefix, rest) = headers.split_at(ROCE_PREFIX_LEN);
         let mut masked = [0u8; ROCE_PREFIX_LEN - ethernet::HEADER_LEN];
         masked.copy_from_slice(&prefix[ethernet::HEADER_LEN..]);
-        masked[mask::IP_TOS] = 0xff;
-        masked[mask::IP_TTL] = 0xff;
-        masked[mask::IP_CHECKSUM].fill(0xff);
-        masked[mask::UDP_CHECKSUM].fill(0xff);
-        masked[mask::BTH_ECN] = 0xff;
+        mask_variant(&mut masked);
 
         // `hasher` starts from the state after the eight 0xFF bytes instead
         // of hashing them for every packet.

@@ -120,6 +120,7 @@ pub mod mad;
 pub mod pretty;
 pub mod rdma_cm;
 pub mod reth;
+pub mod template;
 pub mod udp;
 
 pub use self::aeth::{NakCode, Packet as AethPacket, Repr as AethRepr, Syndrome};
@@ -132,11 +133,12 @@ pub use self::ethernet::{
     Address as EthernetAddress, EtherType, Frame as EthernetFrame, Repr as EthernetRepr,
 };
 pub use self::frame::{
-    pad_len, parse_frame, parse_frame_from, EmitError, ExtHeaders, Frame, FrameHeaders,
-    HeaderTemplate, RoceFrame, Trailer, FIXED_HEADERS_LEN, MAX_HEADERS_LEN,
+    pad_len, parse_frame, parse_frame_from, EmitError, ExtHeaders, Frame, FrameHeaders, RoceFrame,
+    FIXED_HEADERS_LEN, MAX_HEADERS_LEN,
 };
 pub use self::icrc::{
-    compute_icrc, fill_icrc, icrc_over, verify_icrc, verify_icrc_from, Icrc, IcrcSeed,
+    compute_icrc, fill_icrc, icrc_over, verify_icrc, verify_icrc_from, Icrc, IcrcBeforePsn,
+    IcrcSeed,
 };
 pub use self::ieth::{Packet as IethPacket, Repr as IethRepr};
 pub use self::immdt::{Packet as ImmDtPacket, Repr as ImmDtRepr};
@@ -145,6 +147,7 @@ pub use self::mad::{Packet as MadPacket, Repr as MadRepr};
 pub use self::pretty::PrettyPrinter;
 pub use self::rdma_cm::{Packet as CmaPacket, PortSpace, Repr as CmaRepr};
 pub use self::reth::{Packet as RethPacket, Repr as RethRepr};
+pub use self::template::{HeaderTemplate, PacketShape, Trailer};
 pub use self::udp::{Packet as UdpPacket, Repr as UdpRepr};
 
 /// Why a buffer could not be read as a header, a message or a frame.
