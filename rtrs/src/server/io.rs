@@ -1,18 +1,14 @@
-//! The IO path (rtrs.md §4): IO_REQ immediates, LOCAL_INV, request parsing
-//! with the checks of rnbd.md §8.2, and the response chains of §4.6.
+//! The IO path (rtrs.md §4): IO_REQ immediates, LOCAL_INV and request
+//! parsing with the checks of rnbd.md §8.2; the response chains of §4.6 are
+//! module `respond`'s.
 
-use verbs::{
-    Inline, PostError, RecvWr, RegError, Rkey, SendOp, SendWr, Sgl, Verbs, WorkCompletion,
-};
+use verbs::{PostError, RecvWr, RegError, SendOp, SendWr, Sgl, Verbs, WorkCompletion};
 
 use super::table::{ReadInfo, Response};
 use super::{
     errno, wr_id, CloseReason, Event, IoDirection, IoState, IoToken, Lent, ReadData, WrKind,
 };
-use crate::wire::{Imm, IoMsg, IoRequest, ParseError, ReadMsg, RkeyRsp};
-
-// The always_invalidate answer goes inline (`try_respond`).
-static_assertions::const_assert!(RkeyRsp::LEN <= verbs::MAX_INLINE);
+use crate::wire::{Imm, IoMsg, IoRequest, ParseError, ReadMsg};
 
 impl<V: Verbs> Lent<'_, V> {
     /// rtrs.md §4.5 step 1-2, §5.
@@ -155,29 +151,27 @@ impl<V: Verbs> Lent<'_, V> {
                 }
             })
             .unwrap_or(Err((ParseError::OffsetBeyondChunk, None)));
-        let respond_einval = |read: Option<ReadMsg>| {
-            IoState::WaitingForSendQueue(Response {
-                cid,
-                errno: errno::EINVAL,
-                read: read.and_then(ReadInfo::from_msg),
-                data: ReadData::Chunk,
-                rekeyed: false,
-            })
+        let einval = |read: Option<ReadMsg>| Response {
+            cid,
+            errno: errno::EINVAL,
+            read: read.and_then(ReadInfo::from_msg),
+            data: ReadData::Chunk,
+            rekeyed: false,
         };
         let (msg, data_len, usr_len) = match parsed {
             Ok(found) => found,
             Err((ParseError::UserHeaderBeyondChunkStart, read)) => {
                 // #17: Linux drops silently; Brick answers EINVAL.
                 self.note_protocol_error(path);
-                self.server.paths[index].chunks[usize::from(chunk)].state = respond_einval(read);
-                self.try_respond(path, chunk, now);
+                self.server.paths[index].chunks[usize::from(chunk)].state = IoState::Idle;
+                self.respond(path, chunk, einval(read), now);
                 return;
             }
             Err((ParseError::TooManyReadDescriptors, _)) => {
                 // #18: answered EINVAL (no descriptor to invalidate).
                 self.note_protocol_error(path);
-                self.server.paths[index].chunks[usize::from(chunk)].state = respond_einval(None);
-                self.try_respond(path, chunk, now);
+                self.server.paths[index].chunks[usize::from(chunk)].state = IoState::Idle;
+                self.respond(path, chunk, einval(None), now);
                 return;
             }
             Err(_) => {
@@ -195,9 +189,8 @@ impl<V: Verbs> Lent<'_, V> {
                     // #19: 1..=chunk and equal to the room the client left.
                     if desc.len == 0 || desc.len > chunk_size || desc.len != data_len {
                         self.note_protocol_error(path);
-                        self.server.paths[index].chunks[usize::from(chunk)].state =
-                            respond_einval(Some(read));
-                        self.try_respond(path, chunk, now);
+                        self.server.paths[index].chunks[usize::from(chunk)].state = IoState::Idle;
+                        self.respond(path, chunk, einval(Some(read)), now);
                         return;
                     }
                 }
@@ -252,169 +245,6 @@ impl<V: Verbs> Lent<'_, V> {
             self.server.sessions[usize::from(session)]
                 .stats
                 .protocol_errors += 1;
-        }
-    }
-
-    /// Builds and posts the response chain of rtrs.md §4.6.
-    pub(super) fn try_respond(&mut self, path: u16, chunk: u16, now: u64) {
-        let port = self.port_of(path);
-        let index = usize::from(path);
-        let id = self.path_id(path);
-        let invalidate_mode = self.server.config.always_invalidate;
-        let slot = &self.server.paths[index];
-        let Some(chunk_slot) = slot.chunks.get(usize::from(chunk)) else {
-            return;
-        };
-        let response = match &chunk_slot.state {
-            IoState::WaitingForSendQueue(response)
-            | IoState::WaitingForPreviousCompletion(response) => response.clone(),
-            _ => return,
-        };
-        if chunk_slot.sends_in_flight > 0 {
-            // The previous response of this chunk still owns its memory.
-            self.server.paths[index].chunks[usize::from(chunk)].state =
-                IoState::WaitingForPreviousCompletion(response);
-            return;
-        }
-        let Some(conn) = slot.conns.get(usize::from(response.cid)).copied().flatten() else {
-            self.begin_close(path, CloseReason::PostFailed, now);
-            return;
-        };
-        let region = chunk_slot.region;
-        let mut response = response;
-        let mut rkey = region.rkey;
-        if invalidate_mode && !response.rekeyed {
-            match self.ports[port].rekey(region.lkey) {
-                Ok(fresh) => {
-                    rkey = fresh;
-                    response.rekeyed = true;
-                    let chunk_slot = &mut self.server.paths[index].chunks[usize::from(chunk)];
-                    chunk_slot.region.rkey = fresh;
-                }
-                Err(verbs::RegError::Busy) => {
-                    self.server.paths[index].chunks[usize::from(chunk)].state =
-                        IoState::WaitingForPreviousCompletion(response);
-                    self.server.pending = true;
-                    return;
-                }
-                Err(_) => {
-                    self.begin_close(path, CloseReason::PostFailed, now);
-                    return;
-                }
-            }
-        }
-        let mut wrs: heapless::Vec<SendWr, 3> = heapless::Vec::new();
-        let mut read_bytes = 0;
-        let read = response.read;
-        let invalidate = read.and_then(|r| r.need_inval.then_some(r.rkey));
-        if response.errno == 0 {
-            if let Some(read) = read.filter(|r| r.len > 0) {
-                let sgl = match &response.data {
-                    ReadData::Chunk => Sgl::single(region.sge(0, read.len)),
-                    ReadData::Sgl(sgl) => sgl.clone(),
-                };
-                read_bytes = read.len;
-                let _ = wrs.push(SendWr {
-                    wr_id: wr_id(WrKind::IoUnsignaled, id, chunk),
-                    signaled: false,
-                    op: SendOp::RdmaWrite {
-                        sgl,
-                        remote_addr: read.addr,
-                        rkey: read.rkey,
-                        imm: None,
-                    },
-                });
-            }
-        }
-        if let Some(rkey) = invalidate {
-            let _ = wrs.push(SendWr {
-                wr_id: wr_id(WrKind::IoUnsignaled, id, chunk),
-                signaled: false,
-                op: SendOp::SendWithInv {
-                    sgl: Sgl::new(),
-                    invalidate: rkey,
-                },
-            });
-        }
-        let rsp = if invalidate.is_some() {
-            Imm::IoRspWithInvalidate {
-                msg_id: u32::from(chunk),
-                errno: response.errno,
-            }
-        } else {
-            Imm::IoRsp {
-                msg_id: u32::from(chunk),
-                errno: response.errno,
-            }
-        };
-        // chunk < qd < 2^16 and errno <= 511: always encodable.
-        let imm = rsp.encode().unwrap_or(0);
-        let completion = if invalidate_mode {
-            // rtrs.md §4.9: the fresh rkey rides in the request itself.
-            let mut bytes = [0u8; RkeyRsp::LEN];
-            let _ = RkeyRsp {
-                buf_id: chunk,
-                rkey,
-            }
-            .emit(&mut bytes);
-            SendOp::SendInline {
-                // RkeyRsp::LEN <= MAX_INLINE: asserted above.
-                data: Inline::try_from_slice(&bytes).unwrap_or_default(),
-                imm: Some(imm),
-            }
-        } else {
-            SendOp::RdmaWrite {
-                sgl: Sgl::new(),
-                remote_addr: 0,
-                rkey: Rkey(0),
-                imm: Some(imm),
-            }
-        };
-        let _ = wrs.push(SendWr {
-            wr_id: wr_id(WrKind::IoResponse, id, chunk),
-            signaled: true,
-            op: completion,
-        });
-        match self.ports[port].post_send(conn, &wrs) {
-            Ok(()) => {
-                let is_read = read.is_some();
-                let errno = response.errno;
-                let slot = &mut self.server.paths[index];
-                let chunk_slot = &mut slot.chunks[usize::from(chunk)];
-                chunk_slot.state = IoState::Idle;
-                chunk_slot.sends_in_flight += 1;
-                let session = slot
-                    .session
-                    .and_then(|s| self.server.sessions.get_mut(usize::from(s)));
-                let both = [Some(&mut slot.stats), session.map(|s| &mut s.stats)];
-                for stats in both.into_iter().flatten() {
-                    if errno != 0 {
-                        stats.errors += 1;
-                    } else if is_read {
-                        stats.reads += 1;
-                        stats.read_bytes += u64::from(read_bytes);
-                    } else {
-                        stats.writes += 1;
-                    }
-                }
-            }
-            Err(PostError::QueueFull) => {
-                self.server.paths[index].chunks[usize::from(chunk)].state =
-                    IoState::WaitingForSendQueue(response);
-                self.server.pending = true;
-            }
-            Err(_) => self.begin_close(path, CloseReason::PostFailed, now),
-        }
-    }
-
-    pub(super) fn response_done(&mut self, path: u16, chunk: u16, now: u64) {
-        let index = usize::from(path);
-        let Some(slot) = self.server.paths[index].chunks.get_mut(usize::from(chunk)) else {
-            return;
-        };
-        slot.sends_in_flight = slot.sends_in_flight.saturating_sub(1);
-        if matches!(slot.state, IoState::WaitingForPreviousCompletion(_)) {
-            self.try_respond(path, chunk, now);
         }
     }
 }

@@ -13,14 +13,13 @@
 //!
 //! This file holds the [`Server`], its poll loop and `Lent` (the server
 //! with the ports of one call, on which every internal step runs); the
-//! rest is one file
-//! per concern: [`config`](ServerConfig) and the public `types` (ids,
-//! events, counters), `connect` (CON_REQ: half-open paths, their limits,
-//! reconnects), `admission` ([`Admission`]: who may carry a session,
-//! decided at INFO_REQ), `info` (INFO_REQ/INFO_RSP), `pool` (registered
-//! memory), `io` (requests and responses), `close` (teardown), `timers`
-//! (heartbeats, deadlines, parked work) and `table` (the fixed tables and
-//! the per-chunk [`IoState`]). Heartbeats and work request ids are shared
+//! rest is one file per concern: [`config`](ServerConfig) and the public
+//! `types` (ids, events, counters), `connect` (CON_REQ: half-open paths,
+//! their limits, reconnects), `admission` ([`Admission`]: who may carry a
+//! session, decided at INFO_REQ), `info` (INFO_REQ/INFO_RSP), `pool`
+//! (registered memory), `io` (requests), `respond` (their response
+//! chains), `close` (teardown), `timers` (heartbeats, deadlines, parked
+//! work) and `table` (the fixed tables and the per-chunk [`IoState`]). Heartbeats and work request ids are shared
 //! with the client (`crate::link`).
 //!
 //! # Admission
@@ -201,6 +200,7 @@ mod info;
 mod io;
 mod pool;
 mod rate;
+mod respond;
 mod table;
 mod timers;
 mod types;
@@ -824,14 +824,15 @@ impl<V: Verbs> Lent<'_, V> {
             self.maybe_free_path(token.path.index);
             return Ok(());
         }
-        chunk.state = IoState::WaitingForSendQueue(Response {
+        chunk.state = IoState::Idle;
+        let response = Response {
             cid,
             errno,
             read,
             data: read_data,
             rekeyed: false,
-        });
-        self.try_respond(index as u16, token.chunk, now);
+        };
+        self.respond(index as u16, token.chunk, response, now);
         Ok(())
     }
 
