@@ -7,6 +7,7 @@ use super::table::PathState;
 use super::{CloseReason, Event, IoState, Lent};
 
 impl<V: Verbs> Lent<'_, V> {
+    #[cold]
     pub(super) fn detach_conn(&mut self, path: u16, conn: ConnId) {
         let port = self.port_of(path);
         let _ = self.ports[port].destroy(conn);
@@ -20,6 +21,7 @@ impl<V: Verbs> Lent<'_, V> {
 
     /// Connected/Connecting -> Closing: disconnect every connection, drop
     /// requests the consumer does not hold, raise PathDown/SessionClosed.
+    #[cold]
     pub(super) fn begin_close(&mut self, path: u16, reason: CloseReason, now: u64) {
         let port = self.port_of(path);
         let index = usize::from(path);

@@ -13,6 +13,7 @@ use crate::wire::{self, ConnReq, ConnRsp, ConnRspFlags, Uuid};
 impl<V: Verbs> Lent<'_, V> {
     // ----- connection management ----------------------------------------------
 
+    #[cold]
     pub(super) fn handle_cm_event(&mut self, port: usize, event: CmEvent, now: u64) {
         match event {
             CmEvent::ConnectRequest {

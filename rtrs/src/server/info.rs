@@ -14,6 +14,7 @@ impl<V: Verbs> Lent<'_, V> {
     ///
     /// The INFO_REQ is parsed and the path admitted (admission.rs) before
     /// its chunk pool is allocated; a refused path is closed.
+    #[cold]
     pub(super) fn handle_info_req(
         &mut self,
         path: u16,

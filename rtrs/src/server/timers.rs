@@ -90,6 +90,7 @@ impl<V: Verbs> Lent<'_, V> {
         busy
     }
 
+    #[cold]
     pub(super) fn retry_parked(&mut self, path: u16, now: u64) -> bool {
         let index = usize::from(path);
         let mut busy = false;
@@ -117,6 +118,7 @@ impl<V: Verbs> Lent<'_, V> {
     }
 
     /// rtrs.md §5: one outstanding heartbeat; dead after `missed_max`.
+    #[cold]
     pub(super) fn heartbeat_tick(&mut self, path: u16, now: u64) {
         let port = self.port_of(path);
         let index = usize::from(path);
