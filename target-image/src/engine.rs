@@ -418,9 +418,9 @@ impl<'m, P: Port, D: BlockDevice<Chunk>> Engine<'m, P, D> {
                 manifest: &self.manifest,
             },
         );
-        while let Some(event) = self.server.next_event() {
+        if self.server.events().next().is_some() {
             busy = true;
-            self.handle_event(event, now);
+            self.handle_events(now);
         }
         busy |= self.poll_volumes(now);
         let mut sink = DynSink(sink);
@@ -433,6 +433,16 @@ impl<'m, P: Port, D: BlockDevice<Chunk>> Engine<'m, P, D> {
             busy |= hca.poll_link(now, index, &mut sink);
         }
         busy
+    }
+
+    /// Handles every event the RTRS server queued. Out of line: `poll`
+    /// runs every loop turn, most turns find no event, and serving one
+    /// needs a large stack frame (the RNBD header copy, the request).
+    #[inline(never)]
+    fn handle_events(&mut self, now: u64) {
+        while let Some(event) = self.server.next_event() {
+            self.handle_event(event, now);
+        }
     }
 
     /// When [`poll`](Self::poll) next has timed work (`now` or earlier:
