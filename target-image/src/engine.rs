@@ -56,27 +56,6 @@ pub trait Transmit {
     }
 }
 
-/// Any sink as a `dyn Transmit` for [`Port::poll_link`].
-struct DynSink<'a, T: Transmit + ?Sized>(&'a mut T);
-
-impl<T: Transmit + ?Sized> Transmit for DynSink<'_, T> {
-    fn transmit(&mut self, interface: usize, headers: &[u8], payload: &[&[u8]], trailer: &[u8]) {
-        self.0.transmit(interface, headers, payload, trailer);
-    }
-
-    fn transmit_datagram(
-        &mut self,
-        interface: usize,
-        to: SocketAddrV4,
-        header: &[u8],
-        payload: &[&[u8]],
-        trailer: &[u8],
-    ) {
-        self.0
-            .transmit_datagram(interface, to, header, payload, trailer);
-    }
-}
-
 impl<F: FnMut(usize, &[u8], &[&[u8]], &[u8])> Transmit for F {
     fn transmit(&mut self, interface: usize, headers: &[u8], payload: &[&[u8]], trailer: &[u8]) {
         self(interface, headers, payload, trailer)
@@ -423,14 +402,13 @@ impl<'m, P: Port, D: BlockDevice<Chunk>> Engine<'m, P, D> {
             self.handle_events(now);
         }
         busy |= self.poll_volumes(now);
-        let mut sink = DynSink(sink);
         for (index, (iface, hca)) in self.interfaces.iter_mut().zip(&mut self.hcas).enumerate() {
             if iface.icmp_len > 0 {
                 sink.transmit(index, &iface.icmp[..iface.icmp_len], &[], &[]);
                 iface.icmp_len = 0;
                 busy = true;
             }
-            busy |= hca.poll_link(now, index, &mut sink);
+            busy |= hca.poll_link(now, index, sink);
         }
         busy
     }

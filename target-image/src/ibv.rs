@@ -15,7 +15,12 @@ use crate::{arena_bytes, hca_capacity, BuildError};
 impl Port for IbvDevice {
     /// The device makes its own progress (the kernel or the HCA); RTRS
     /// polls its completions and events through verbs.
-    fn poll_link(&mut self, _now: u64, _interface: usize, _sink: &mut dyn Transmit) -> bool {
+    fn poll_link<T: Transmit + ?Sized>(
+        &mut self,
+        _now: u64,
+        _interface: usize,
+        _sink: &mut T,
+    ) -> bool {
         false
     }
 

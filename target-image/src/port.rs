@@ -17,7 +17,10 @@ pub trait Port: Verbs {
     /// Runs the device's own work once (for a software HCA: packets out,
     /// retransmission and CM timers), sending what it emits on `sink` as
     /// interface `interface`. Returns whether anything happened.
-    fn poll_link(&mut self, now: u64, interface: usize, sink: &mut dyn Transmit) -> bool;
+    /// Generic over the sink, so that each frame reaches it with a direct
+    /// call (no `dyn` dispatch per frame).
+    fn poll_link<T: Transmit + ?Sized>(&mut self, now: u64, interface: usize, sink: &mut T)
+        -> bool;
 
     /// When [`poll_link`](Self::poll_link) next has timed work (`None`:
     /// only input can cause work).
@@ -60,7 +63,12 @@ pub trait Port: Verbs {
 }
 
 impl<K: KeySource> Port for EngineHca<K> {
-    fn poll_link(&mut self, now: u64, interface: usize, sink: &mut dyn Transmit) -> bool {
+    fn poll_link<T: Transmit + ?Sized>(
+        &mut self,
+        now: u64,
+        interface: usize,
+        sink: &mut T,
+    ) -> bool {
         if matches!(self.link_mode(), LinkMode::Udp { .. }) {
             return self.poll_datagrams(
                 now,
