@@ -14,7 +14,7 @@ use manifest::binary::Manifest;
 use rnbd::server::VolumeId;
 use roce::hca::{Hca, HcaConfig, LinkMode};
 use roce::types::Mtu;
-use rtrs::server::{Server, ServerConfig};
+use rtrs::server::{Event, Server, ServerConfig};
 use verbs::KeySource;
 
 use crate::icmp::{icmp_echo_reply, is_icmp, ICMP_REPLY_LEN};
@@ -418,8 +418,24 @@ impl<'m, P: Port, D: BlockDevice<Chunk>> Engine<'m, P, D> {
     /// needs a large stack frame (the RNBD header copy, the request).
     #[inline(never)]
     fn handle_events(&mut self, now: u64) {
-        while let Some(event) = self.server.next_event() {
-            self.handle_event(event, now);
+        while let Some(event) = self.server.peek_event() {
+            // An IO (nearly every event) is read in place: its fields are
+            // a small part of an `Event`, which is sized for session names.
+            if let &Event::Io {
+                session,
+                token,
+                direction,
+                header,
+                data,
+                port,
+                ..
+            } = event
+            {
+                self.server.skip_event();
+                self.serve_io(port, session, token, direction, header, data, now);
+            } else if let Some(event) = self.server.next_event() {
+                self.handle_session_event(event, now);
+            }
         }
     }
 

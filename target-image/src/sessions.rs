@@ -93,7 +93,9 @@ impl<'m, P: Port, D: BlockDevice<Chunk>> Engine<'m, P, D> {
         self.sessions.iter().position(|s| s.id == id)
     }
 
-    pub(crate) fn handle_event(&mut self, event: Event, now: u64) {
+    /// Handles an RTRS event about sessions and paths (IO events are
+    /// `Engine::handle_events`' own).
+    pub(crate) fn handle_session_event(&mut self, event: Event, now: u64) {
         match event {
             Event::SessionOpened { session, name } => {
                 if self.sessions.len() >= self.session_capacity {
@@ -195,15 +197,7 @@ impl<'m, P: Port, D: BlockDevice<Chunk>> Engine<'m, P, D> {
                     self.reap(index);
                 }
             }
-            Event::Io {
-                session,
-                token,
-                direction,
-                header,
-                data,
-                port,
-                ..
-            } => self.serve_io(port, session, token, direction, header, data, now),
+            // `Engine::handle_events` serves IO events in place (module `io`).
             _ => {}
         }
     }

@@ -552,6 +552,19 @@ impl<V: Verbs> Server<V> {
         self.events.iter()
     }
 
+    /// The oldest event, left in the queue: a consumer that needs only a
+    /// few fields of it reads them here and drops it with
+    /// [`skip_event`](Self::skip_event), instead of moving the whole
+    /// [`Event`] (sized for the session names of the rare ones) out.
+    pub fn peek_event(&self) -> Option<&Event> {
+        self.events.front()
+    }
+
+    /// Drops the oldest event (see [`peek_event`](Self::peek_event)).
+    pub fn skip_event(&mut self) {
+        self.events.pop_front();
+    }
+
     /// When `poll` next has timed work (a heartbeat or close deadline), or
     /// `Some(0)` if work is parked and `poll` should run again at once.
     pub fn poll_at(&self) -> Option<u64> {
