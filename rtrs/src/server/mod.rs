@@ -763,7 +763,7 @@ impl<V: Verbs> Lent<'_, V> {
         };
         self.server.next_port = next_port(start, count);
         let (mut handled, mut empty, mut port) = (0, 0, start);
-        while handled < self.server.config.cm_budget && empty < count && self.event_room() {
+        while empty < count && handled < self.server.config.cm_budget && self.event_room() {
             let visited = port;
             port = next_port(port, count);
             let Some(event) = self.ports[visited].poll_cm_event() else {
@@ -776,7 +776,7 @@ impl<V: Verbs> Lent<'_, V> {
             self.handle_cm_event(visited, event, now);
         }
         let (mut done, mut empty, mut next) = (0, 0, start);
-        while done < self.server.config.completion_budget && empty < count && self.event_room() {
+        while empty < count && done < self.server.config.completion_budget && self.event_room() {
             let port = next;
             next = next_port(next, count);
             let want = COMPLETION_BATCH.min(self.server.config.completion_budget - done);
