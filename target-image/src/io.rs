@@ -225,12 +225,22 @@ impl<'m, P: Port, D: BlockDevice<Chunk>> Engine<'m, P, D> {
     /// Collects volume completions (bounded per volume) and answers them
     /// (`Executing -> Free`), then moves parked requests into the room that
     /// freed (`Parked -> Received -> Executing`), oldest first.
+    ///
+    /// A volume with nothing parked whose device has no work due
+    /// ([`BlockDevice::poll_at`] is `None`) and no descriptor that could
+    /// bring some is skipped: its `poll` would find nothing.
     pub(crate) fn poll_volumes(&mut self, now: u64) -> bool {
         let mut busy = false;
         for volume in 0..self.volumes.len() {
+            let served = &mut self.volumes[volume];
+            if served.parked.is_empty()
+                && served.device.poll_at().is_none()
+                && served.device.readable_fd().is_none()
+            {
+                continue;
+            }
             let mut done: heapless::Vec<DeviceCompletion<Chunk>, COMPLETION_BURST> =
                 heapless::Vec::new();
-            let served = &mut self.volumes[volume];
             let mut memory = ChunkMemory {
                 hcas: &mut self.hcas,
                 identity_dma: self.identity_dma,
