@@ -17,7 +17,7 @@ use crate::sessions::{Deferred, SessionExports, MAX_DEFERRED_PER_SESSION};
 use crate::volumes::ChunkMemory;
 use crate::{Chunk, Engine};
 
-/// Largest RNBD message copied out of a chunk (an OPEN is under 200 bytes).
+/// Largest RNBD message served (an OPEN is under 200 bytes).
 pub(crate) const MAX_USER_HEADER: usize = 1024;
 
 /// Device completions handled per volume per poll.
@@ -52,29 +52,20 @@ impl<'m, P: Port, D: BlockDevice<Chunk>> Engine<'m, P, D> {
             self.answer(token, rtrs::server::errno::ENXIO, now);
             return;
         };
-        let mut user = [0u8; MAX_USER_HEADER];
-        let header_len = (header.len() as usize).min(MAX_USER_HEADER);
-        let copied = self
-            .hcas
-            .get(port)
-            .map(|hca| hca.read(header, 0, &mut user[..header_len]));
-        if !matches!(copied, Some(Ok(()))) || header.len() as usize > MAX_USER_HEADER {
-            log!(self, "refuse: unreadable or oversized RNBD header");
-            self.answer(token, rtrs::server::errno::EINVAL, now);
-            return;
-        }
+        // rtrs lays the RNBD message out right behind the data area of the
+        // chunk: one view of both lets RNBD read the message in place.
+        let contiguous = header.region() == data.region()
+            && data.offset().checked_add(data.len()) == Some(header.offset());
+        let chunk = data
+            .len()
+            .checked_add(header.len())
+            .filter(|_| contiguous && header.len() as usize <= MAX_USER_HEADER)
+            .map(|len| MemoryHandle::new(data.region(), data.offset(), len));
         let (rtrs_direction, data_len) = match direction {
             IoDirection::Write => (RtrsDirection::Write, data.len() as usize),
             IoDirection::Read { read_len } => (RtrsDirection::Read, read_len as usize),
         };
         let tag = self.next_tag;
-        self.next_tag = self.next_tag.wrapping_add(1);
-        let request = Request {
-            user_header: &user[..header_len],
-            data_len,
-            direction: rtrs_direction,
-            tag,
-        };
         let Self {
             manifest,
             hcas,
@@ -97,16 +88,25 @@ impl<'m, P: Port, D: BlockDevice<Chunk>> Engine<'m, P, D> {
                 .find(|(path, _)| *path == token.path)
                 .map_or(Ipv4Addr::UNSPECIFIED, |(_, source)| *source),
         };
-        let action = hcas.get_mut(port).map(|hca| {
-            hca.with_slice_mut(data, 0, data.len(), |response| {
+        let action = chunk.zip(hcas.get_mut(port)).map(|(chunk, hca)| {
+            hca.with_slice_mut(chunk, 0, chunk.len(), |bytes| {
+                let (response, user_header) = bytes.split_at_mut(data.len() as usize);
+                let request = Request {
+                    user_header,
+                    data_len,
+                    direction: rtrs_direction,
+                    tag,
+                };
                 rnbd.process(&mut entry.rnbd, &exports, &request, response)
             })
         });
+        // The data area is readable whenever the message behind it is.
         let Some(Ok(action)) = action else {
-            log!(self, "refuse: chunk data area not accessible");
-            self.answer(token, rtrs::server::errno::EIO, now);
+            log!(self, "refuse: unreadable or oversized RNBD header");
+            self.answer(token, rtrs::server::errno::EINVAL, now);
             return;
         };
+        self.next_tag = tag.wrapping_add(1);
         match action {
             Action::Respond { .. } => {
                 let entry = &self.sessions[index];

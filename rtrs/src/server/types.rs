@@ -141,8 +141,9 @@ pub enum Event {
         token: IoToken,
         /// Read or write.
         direction: IoDirection,
-        /// The user (RNBD) header in the chunk: read it from the
-        /// consumer's `ports[port]` (`Memory::read`).
+        /// The user (RNBD) header in the chunk, right behind `data` (the
+        /// same region, at `data`'s end): read it from the consumer's
+        /// `ports[port]` (`Memory::read`), or with `data` as one slice.
         header: MemoryHandle,
         /// The data area at the chunk start (`offset - usr_len` bytes): the
         /// write data, or the room for read data; in `port`'s memory.
