@@ -80,6 +80,7 @@ impl<V: Verbs> Lent<'_, V> {
     }
 
     /// Closing -> Free once no connection and no consumer-held IO remain.
+    #[cold]
     pub(super) fn maybe_free_path(&mut self, path: u16) {
         let index = usize::from(path);
         let slot = &self.server.paths[index];

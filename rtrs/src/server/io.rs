@@ -238,6 +238,7 @@ impl<V: Verbs> Lent<'_, V> {
         });
     }
 
+    #[cold]
     pub(super) fn note_protocol_error(&mut self, path: u16) {
         let slot = &mut self.server.paths[usize::from(path)];
         slot.stats.protocol_errors += 1;

@@ -11,6 +11,7 @@ use crate::wire::Imm;
 impl<V: Verbs> Lent<'_, V> {
     // ----- heartbeats and parked work ------------------------------------------
 
+    #[cold]
     pub(super) fn send_heartbeat_ack(&mut self, path: u16) {
         let port = self.port_of(path);
         let index = usize::from(path);
