@@ -95,6 +95,7 @@ impl<'m, P: Port, D: BlockDevice<Chunk>> Engine<'m, P, D> {
 
     /// Handles an RTRS event about sessions and paths (IO events are
     /// `Engine::handle_events`' own).
+    #[cold]
     pub(crate) fn handle_session_event(&mut self, event: Event, now: u64) {
         match event {
             Event::SessionOpened { session, name } => {
