@@ -19,6 +19,10 @@
 //! own waits for send-queue room, `rtrs::server::IoState`), so answering is
 //! the step that frees the slot. The parked FIFO of a volume is a list
 //! threaded through the slots: parking moves nothing and allocates nothing.
+//!
+//! A held request's [`Io`] is valid in every state but `Free`, so a slot is
+//! `Free` or `Held` with its [`Stage`]: `execute`, `park` and `unpark`
+//! change the stage and leave the request where it is.
 
 use alloc::vec::Vec;
 
@@ -47,17 +51,24 @@ pub(crate) struct Io<T = IoTicket> {
     pub(crate) received_at: u64,
 }
 
-/// Where one slot's request is (see the module docs).
+/// Where a held request is (see the module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Stage {
+    /// Built from the RNBD request; not yet taken by the device.
+    Received,
+    /// Waiting for room in the device queue; `next` is the slot behind it
+    /// in its volume's FIFO.
+    Parked { next: Option<u32> },
+    /// The device holds it; its completion ends it.
+    Executing,
+}
+
+/// One slot (see the module docs).
 pub(crate) enum IoState<T> {
     /// Unused.
     Free,
-    /// Built from the RNBD request; not yet taken by the device.
-    Received(Io<T>),
-    /// Waiting for room in the device queue; `next` is the slot behind it
-    /// in its volume's FIFO.
-    Parked { io: Io<T>, next: Option<u32> },
-    /// The device holds it; its completion ends it.
-    Executing(Io<T>),
+    /// A request, at `stage`.
+    Held { io: Io<T>, stage: Stage },
 }
 
 /// A volume's parked requests, oldest first (a list through the slots).
@@ -123,25 +134,35 @@ impl<T> IoSlots<T> {
         let Some(slot) = self.free.pop() else {
             return Err(ticket);
         };
-        self.slots[slot as usize] = IoState::Received(Io {
-            session,
-            token,
-            ticket,
-            volume,
-            request: DeviceRequest {
-                tag: u64::from(slot),
-                op,
+        self.slots[slot as usize] = IoState::Held {
+            io: Io {
+                session,
+                token,
+                ticket,
+                volume,
+                request: DeviceRequest {
+                    tag: u64::from(slot),
+                    op,
+                },
+                received_at: now,
             },
-            received_at: now,
-        });
+            stage: Stage::Received,
+        };
         Ok(slot)
     }
 
     /// The volume and device request of a received or parked slot.
     pub(crate) fn request(&self, slot: u32) -> Option<(usize, DeviceRequest<Chunk>)> {
         match self.slots.get(slot as usize)? {
-            IoState::Received(io) | IoState::Parked { io, .. } => Some((io.volume, io.request)),
-            IoState::Free | IoState::Executing(_) => None,
+            IoState::Held {
+                io,
+                stage: Stage::Received | Stage::Parked { .. },
+            } => Some((io.volume, io.request)),
+            IoState::Free
+            | IoState::Held {
+                stage: Stage::Executing,
+                ..
+            } => None,
         }
     }
 
@@ -151,34 +172,39 @@ impl<T> IoSlots<T> {
         usize::try_from(tag)
             .ok()
             .and_then(|slot| self.slots.get(slot))
-            .is_some_and(|state| matches!(state, IoState::Executing(_)))
+            .is_some_and(|state| {
+                matches!(
+                    state,
+                    IoState::Held {
+                        stage: Stage::Executing,
+                        ..
+                    }
+                )
+            })
     }
 
     /// `Received -> Executing`: the device took the request.
     pub(crate) fn execute(&mut self, slot: u32) {
-        let Some(state) = self.slots.get_mut(slot as usize) else {
-            return;
-        };
-        *state = match core::mem::replace(state, IoState::Free) {
-            IoState::Received(io) => IoState::Executing(io),
-            other => other,
-        };
+        if let Some(IoState::Held { stage, .. }) = self.slots.get_mut(slot as usize) {
+            if *stage == Stage::Received {
+                *stage = Stage::Executing;
+            }
+        }
     }
 
     /// `Received -> Parked`: the request waits at the back of `queue`.
     pub(crate) fn park(&mut self, slot: u32, queue: &mut ParkedQueue) {
-        let Some(state) = self.slots.get_mut(slot as usize) else {
+        let Some(IoState::Held { stage, .. }) = self.slots.get_mut(slot as usize) else {
             return;
         };
-        let io = match core::mem::replace(state, IoState::Free) {
-            IoState::Received(io) => io,
-            other => {
-                *state = other; // only a received request parks
-                return;
-            }
-        };
-        *state = IoState::Parked { io, next: None };
-        if let Some(IoState::Parked { next, .. }) = queue
+        if *stage != Stage::Received {
+            return; // only a received request parks
+        }
+        *stage = Stage::Parked { next: None };
+        if let Some(IoState::Held {
+            stage: Stage::Parked { next },
+            ..
+        }) = queue
             .tail
             .and_then(|tail| self.slots.get_mut(tail as usize))
         {
@@ -194,15 +220,14 @@ impl<T> IoSlots<T> {
     /// returns its slot.
     pub(crate) fn unpark(&mut self, queue: &mut ParkedQueue) -> Option<u32> {
         let slot = queue.head?;
-        let state = self.slots.get_mut(slot as usize)?;
-        let (io, next) = match core::mem::replace(state, IoState::Free) {
-            IoState::Parked { io, next } => (io, next),
-            other => {
-                *state = other; // a queue holds only parked slots
-                return None;
-            }
+        let IoState::Held { stage, .. } = self.slots.get_mut(slot as usize)? else {
+            return None;
         };
-        *state = IoState::Received(io);
+        // A queue holds only parked slots.
+        let Stage::Parked { next } = *stage else {
+            return None;
+        };
+        *stage = Stage::Received;
         queue.head = next;
         if next.is_none() {
             queue.tail = None;
@@ -218,7 +243,10 @@ impl<T> IoSlots<T> {
         let slot = u32::try_from(tag).ok()?;
         let state = self.slots.get_mut(slot as usize)?;
         match core::mem::replace(state, IoState::Free) {
-            IoState::Received(io) | IoState::Executing(io) => {
+            IoState::Held {
+                io,
+                stage: Stage::Received | Stage::Executing,
+            } => {
                 // Within capacity: this slot came from `free`.
                 self.free.push(slot);
                 Some(io)
