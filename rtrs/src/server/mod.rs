@@ -638,6 +638,7 @@ impl<V: Verbs> Server<V> {
     ///
     /// [`CompleteError`]; the request stays outstanding on
     /// `ReadLengthMismatch`.
+    #[inline]
     pub fn complete_io(
         &mut self,
         token: IoToken,
