@@ -397,7 +397,7 @@ impl<'m, P: Port, D: BlockDevice<Chunk>> Engine<'m, P, D> {
                 manifest: &self.manifest,
             },
         );
-        if self.server.events().next().is_some() {
+        if self.server.peek_event().is_some() {
             busy = true;
             self.handle_events(now);
         }
@@ -415,7 +415,8 @@ impl<'m, P: Port, D: BlockDevice<Chunk>> Engine<'m, P, D> {
 
     /// Handles every event the RTRS server queued. Out of line: `poll`
     /// runs every loop turn, most turns find no event, and serving one
-    /// needs a large stack frame (the RNBD header copy, the request).
+    /// needs a large stack frame (RNBD's request, the volume's submission,
+    /// the logs of refusals).
     #[inline(never)]
     fn handle_events(&mut self, now: u64) {
         while let Some(event) = self.server.peek_event() {
