@@ -11,15 +11,17 @@
 //!
 //! # Reading order
 //!
-//! This file holds the [`Server`], its poll loop and `Lent` (the server
-//! with the ports of one call, on which every internal step runs); the
-//! rest is one file per concern: [`config`](ServerConfig) and the public
-//! `types` (ids, events, counters), `connect` (CON_REQ: half-open paths,
-//! their limits, reconnects), `admission` ([`Admission`]: who may carry a
-//! session, decided at INFO_REQ), `info` (INFO_REQ/INFO_RSP), `pool`
-//! (registered memory), `io` (requests), `respond` (their response
-//! chains), `close` (teardown), `timers` (heartbeats, deadlines, parked
-//! work) and `table` (the fixed tables and the per-chunk [`IoState`]). Heartbeats and work request ids are shared
+//! This file holds the [`Server`], its public calls and `Lent` (the
+//! server with the ports of one call, on which every internal step runs);
+//! the rest is one file per concern: [`config`](ServerConfig) and the
+//! public `types` (ids, events, counters), `poll` (the poll loop, the
+//! dispatch of completions, the consumer's answers), `connect` (CON_REQ:
+//! half-open paths, their limits, reconnects), `admission`
+//! ([`Admission`]: who may carry a session, decided at INFO_REQ), `info`
+//! (INFO_REQ/INFO_RSP), `pool` (registered memory), `io` (requests),
+//! `respond` (their response chains), `close` (teardown), `timers`
+//! (heartbeats, deadlines, parked work) and `table` (the fixed tables and
+//! the per-chunk [`IoState`]). Heartbeats and work request ids are shared
 //! with the client (`crate::link`).
 //!
 //! # Admission
@@ -198,6 +200,7 @@ mod config;
 mod connect;
 mod info;
 mod io;
+mod poll;
 mod pool;
 mod rate;
 mod respond;
@@ -212,7 +215,7 @@ use alloc::vec::Vec;
 use core::marker::PhantomData;
 use core::ops::{Deref, DerefMut};
 
-use verbs::{ConnId, Verbs, WcStatus, WorkCompletion, WrId};
+use verbs::{ConnId, Verbs, WorkCompletion, WrId};
 
 use crate::link;
 use crate::wire::ImmLayout;
@@ -220,7 +223,7 @@ use crate::wire::ImmLayout;
 pub use self::admission::{Admission, AdmitAll, PathRefusal, PathRequest};
 pub use self::config::{ConfigError, ServerConfig, StartError};
 pub use self::table::{IoState, ReadData};
-use self::table::{PathSlot, PathState, Response, SessionSlot};
+use self::table::{PathSlot, PathState, SessionSlot};
 pub use self::types::{
     CloseReason, CompleteError, ConnectRefusal, Event, IoDirection, IoToken, PathId, ServerStats,
     SessionId, Stats, Usage,
@@ -740,155 +743,6 @@ impl<V: Verbs> Server<V> {
             self.events.push_back(event);
         } else {
             self.stats.events_dropped += 1;
-        }
-    }
-}
-
-/// The port after `port` of `count`, round robin (`port < count`).
-#[inline]
-fn next_port(port: usize, count: usize) -> usize {
-    if port + 1 < count {
-        port + 1
-    } else {
-        0
-    }
-}
-
-impl<V: Verbs> Lent<'_, V> {
-    fn poll(&mut self, now: u64, admission: &mut impl Admission) -> bool {
-        let mut busy = false;
-        let count = self.server.port_count;
-        let start = match self.server.next_port {
-            next if next < count => next,
-            next => next % count,
-        };
-        self.server.next_port = next_port(start, count);
-        let (mut handled, mut empty, mut port) = (0, 0, start);
-        while empty < count && handled < self.server.config.cm_budget && self.event_room() {
-            let visited = port;
-            port = next_port(port, count);
-            let Some(event) = self.ports[visited].poll_cm_event() else {
-                empty += 1;
-                continue;
-            };
-            empty = 0;
-            handled += 1;
-            busy = true;
-            self.handle_cm_event(visited, event, now);
-        }
-        let (mut done, mut empty, mut next) = (0, 0, start);
-        while empty < count && done < self.server.config.completion_budget && self.event_room() {
-            let port = next;
-            next = next_port(next, count);
-            let want = COMPLETION_BATCH.min(self.server.config.completion_budget - done);
-            // Keep room for two events per completion.
-            let room = (self.server.config.event_capacity - self.server.events.len()) / 2;
-            let want = want.min(room.max(1));
-            let got = self.ports[port].poll_cq(&mut self.server.completions[..want]);
-            if got == 0 {
-                empty += 1;
-                continue;
-            }
-            empty = 0;
-            busy = true;
-            done += got;
-            for at in 0..got.min(want) {
-                let wc = self.server.completions[at];
-                self.handle_completion(port, wc, now, admission);
-            }
-        }
-        busy |= self.run_timers_and_parked(now);
-        busy
-    }
-
-    fn complete_io(
-        &mut self,
-        token: IoToken,
-        errno: u16,
-        read_data: ReadData,
-        now: u64,
-    ) -> Result<(), CompleteError> {
-        let index = usize::from(token.path.index);
-        let path = self
-            .path_mut(token.path)
-            .ok_or(CompleteError::UnknownRequest)?;
-        let closing = matches!(path.state, PathState::Closing { .. });
-        let chunk = path
-            .chunks
-            .get_mut(usize::from(token.chunk))
-            .ok_or(CompleteError::UnknownRequest)?;
-        if chunk.generation != token.generation {
-            return Err(CompleteError::UnknownRequest);
-        }
-        let IoState::WaitingForConsumer { cid, read } = chunk.state else {
-            return Err(CompleteError::UnknownRequest);
-        };
-        let errno = if errno > MAX_RESPONSE_ERRNO {
-            errno::EIO
-        } else {
-            errno
-        };
-        if let (ReadData::Sgl(sgl), Some(read)) = (&read_data, read) {
-            if errno == 0 && sgl.total_len() != Some(read.len) {
-                return Err(CompleteError::ReadLengthMismatch);
-            }
-        }
-        if closing {
-            chunk.state = IoState::Idle;
-            self.maybe_free_path(token.path.index);
-            return Ok(());
-        }
-        chunk.state = IoState::Idle;
-        let response = Response {
-            cid,
-            errno,
-            read,
-            data: read_data,
-            rekeyed: false,
-        };
-        self.respond(index as u16, token.chunk, response, now);
-        Ok(())
-    }
-
-    // ----- completions ---------------------------------------------------------
-
-    fn handle_completion(
-        &mut self,
-        port: usize,
-        wc: WorkCompletion,
-        now: u64,
-        admission: &mut dyn Admission,
-    ) {
-        let Some((kind, id, chunk)) = split_wr_id(wc.wr_id) else {
-            return;
-        };
-        let Some(path) = self.path(id).filter(|path| path.port == port) else {
-            return; // a completion of a path already gone
-        };
-        let index = id.index;
-        let closing = matches!(path.state, PathState::Closing { .. });
-        if !wc.status.is_success() {
-            if wc.status != WcStatus::WrFlushErr {
-                self.begin_close(index, CloseReason::CompletionError, now);
-            }
-            if kind == WrKind::IoResponse {
-                self.response_done(index, chunk, now);
-            }
-            self.maybe_free_path(index);
-            return;
-        }
-        if closing {
-            if kind == WrKind::IoResponse {
-                self.response_done(index, chunk, now);
-            }
-            return;
-        }
-        match kind {
-            WrKind::RecvInfo => self.handle_info_req(index, wc, now, admission),
-            WrKind::RecvIo => self.handle_io_receive(index, wc, now),
-            WrKind::LocalInv => self.invalidated(index, chunk, now),
-            WrKind::IoResponse => self.response_done(index, chunk, now),
-            WrKind::SendInfoRsp | WrKind::SendHeartbeat | WrKind::IoUnsignaled => {}
         }
     }
 }
