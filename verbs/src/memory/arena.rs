@@ -487,33 +487,9 @@ impl<S: AsRef<[u8]> + AsMut<[u8]>, const N: usize> Arena<S, N> {
     }
 
     /// The slices of bytes `offset .. offset + len` of the SGL's byte
-    /// stream, in order: the zero-copy payload of one outgoing packet.
-    ///
-    /// # Errors
-    ///
-    /// As [`check_sgl`](Self::check_sgl);
-    /// [`AccessError::OutOfBounds`] if the range exceeds the SGL.
-    pub fn sgl_slices<'a>(
-        &'a self,
-        sgl: &'a [Sge],
-        offset: u32,
-        len: u32,
-    ) -> Result<SglSlices<'a, S, N>, AccessError> {
-        let total = self.check_sgl(sgl, AccessFlags::EMPTY)?;
-        if offset.checked_add(len).is_none_or(|end| end > total) {
-            return Err(AccessError::OutOfBounds);
-        }
-        Ok(SglSlices {
-            arena: self,
-            sgl,
-            skip: offset,
-            remaining: len,
-        })
-    }
-
-    /// [`sgl_slices`](Self::sgl_slices) collected, in one pass that
-    /// checks only the entries the range touches, each once (key, bounds):
-    /// the payload of one packet of a posted, pinned work request.
+    /// stream, in order, none empty: the zero-copy payload of one packet of
+    /// a posted, pinned work request. One pass checks only the entries the
+    /// range touches, each once (key, bounds).
     ///
     /// # Errors
     ///
@@ -574,11 +550,13 @@ impl<S: AsRef<[u8]> + AsMut<[u8]>, const N: usize> Arena<S, N> {
     ///
     /// # Errors
     ///
-    /// As [`sgl_slices`](Self::sgl_slices); nothing is copied on error.
+    /// As [`check_sgl`](Self::check_sgl) for every entry, and as
+    /// [`sgl_pieces`](Self::sgl_pieces); nothing is copied on error.
     pub fn gather_into(&self, sgl: &[Sge], offset: u32, dst: &mut [u8]) -> Result<(), AccessError> {
         let len = u32::try_from(dst.len()).map_err(|_| AccessError::OutOfBounds)?;
         let mut done = 0;
-        for piece in self.sgl_slices(sgl, offset, len)? {
+        self.check_sgl(sgl, AccessFlags::EMPTY)?;
+        for piece in self.sgl_pieces(sgl, offset, len)? {
             dst[done..done + piece.len()].copy_from_slice(piece);
             done += piece.len();
         }
@@ -748,47 +726,6 @@ impl<S: AsRef<[u8]> + AsMut<[u8]>, const N: usize> Memory for Arena<S, N> {
             .get_mut(range)
             .map(f)
             .ok_or(AccessError::OutOfBounds)
-    }
-}
-
-/// Iterator over the pool slices of a checked SGL byte range (see
-/// [`Arena::sgl_slices`]); never yields an empty slice.
-pub struct SglSlices<'a, S, const N: usize> {
-    arena: &'a Arena<S, N>,
-    sgl: &'a [Sge],
-    skip: u32,
-    remaining: u32,
-}
-
-impl<'a, S: AsRef<[u8]> + AsMut<[u8]>, const N: usize> Iterator for SglSlices<'a, S, N> {
-    type Item = &'a [u8];
-
-    fn next(&mut self) -> Option<&'a [u8]> {
-        while self.remaining > 0 {
-            let (sge, rest) = self.sgl.split_first()?;
-            self.sgl = rest;
-            if self.skip >= sge.len {
-                self.skip -= sge.len;
-                continue;
-            }
-            let take = (sge.len - self.skip).min(self.remaining);
-            let piece = Sge::new(sge.lkey, sge.offset + self.skip, take);
-            self.skip = 0;
-            self.remaining -= take;
-            // Checked by `sgl_slices`, and the arena is borrowed since, so
-            // this cannot fail; stop rather than panic if it somehow does.
-            let Some(bytes) = self
-                .arena
-                .sge_range(&piece)
-                .ok()
-                .and_then(|range| self.arena.storage.as_ref().get(range))
-            else {
-                self.remaining = 0;
-                return None;
-            };
-            return Some(bytes);
-        }
-        None
     }
 }
 
@@ -1059,14 +996,15 @@ mod tests {
         let mut out = [0; 6];
         arena.gather_into(sgl.as_slice(), 3, &mut out).unwrap();
         assert_eq!(&out, b"defghi");
-        let pieces: std::vec::Vec<&[u8]> =
-            arena.sgl_slices(sgl.as_slice(), 2, 8).unwrap().collect();
-        assert_eq!(pieces, [&b"cdef"[..], &b"ghij"[..]]);
-        assert!(arena
-            .sgl_slices(sgl.as_slice(), 10, 0)
-            .unwrap()
-            .next()
-            .is_none());
+        assert_eq!(
+            arena.sgl_pieces(sgl.as_slice(), 2, 8).unwrap(),
+            [&b"cdef"[..], &b"ghij"[..]]
+        );
+        assert!(arena.sgl_pieces(sgl.as_slice(), 10, 0).unwrap().is_empty());
+        assert_eq!(
+            arena.sgl_pieces(sgl.as_slice(), 11, 0),
+            Err(AccessError::OutOfBounds)
+        );
         assert_eq!(
             arena.gather_into(sgl.as_slice(), 5, &mut out).err(),
             Some(AccessError::OutOfBounds)

@@ -15,7 +15,7 @@
 
 mod arena;
 
-pub use arena::{Arena, SglSlices, MAX_REGIONS};
+pub use arena::{Arena, MAX_REGIONS};
 
 use crate::access::AccessFlags;
 use crate::error::AccessError;
