@@ -32,6 +32,14 @@ pub struct BenchArgs {
     /// image's jumbo frames).
     #[arg(long, default_value_t = 1500, value_parser = clap::value_parser!(u32).range(576..=9000))]
     mtu: u32,
+    /// Only the jobs whose name contains this (e.g. "128k seq write");
+    /// repeatable. Default: all.
+    #[arg(long = "job")]
+    jobs: Vec<String>,
+    /// Capture every relayed frame, its first N bytes, to path0.pcap in the
+    /// bed's scratch directory (kept with BRICK_KEEP_SCRATCH=1).
+    #[arg(long, value_name = "SNAPLEN")]
+    pcap: Option<usize>,
 }
 
 struct Job {
@@ -179,6 +187,23 @@ pub fn run(args: BenchArgs) -> Result<()> {
             args.targets.is_empty() || args.targets.iter().any(|t| t == kind.name())
         })
         .collect();
+    for pattern in &args.jobs {
+        if !JOBS.iter().any(|job| job.name.contains(pattern.as_str())) {
+            bail!(
+                "--job {pattern:?}: no job's name contains it; the jobs are {}",
+                JOBS.iter()
+                    .map(|job| job.name)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+        }
+    }
+    let jobs: Vec<&Job> = JOBS
+        .iter()
+        .filter(|job| {
+            args.jobs.is_empty() || args.jobs.iter().any(|p| job.name.contains(p.as_str()))
+        })
+        .collect();
     let mut results: Vec<Vec<Vec<Sample>>> = Vec::new();
     let mut bed: Option<(TargetKind, Bed)> = None;
     for (kind, column) in &columns {
@@ -187,6 +212,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
             step(format!("starting bed for {}", kind.name()));
             let config = BedConfig {
                 mtu: args.mtu,
+                pcap: args.pcap,
                 ..BedConfig::new(*kind)
             };
             bed = Some((*kind, Bed::start(&images, &config)?));
@@ -194,7 +220,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         let (_, current) = bed.as_mut().expect("bed started above");
         let attach = (column.attach)(current);
         let mut per_job = Vec::new();
-        for job in JOBS {
+        for job in &jobs {
             let mut samples = Vec::new();
             for run in 0..args.runs {
                 step(format!(
@@ -211,9 +237,23 @@ pub fn run(args: BenchArgs) -> Result<()> {
                      {{ cat /tmp/bench.err; exit 1; }}\n{}\ncat /tmp/bench.json\n",
                     job.rw, job.bs, job.depth, args.runtime, column.detach
                 );
-                let output = current
+                let output = match current
                     .initiator
-                    .run(&script, Duration::from_secs(u64::from(args.runtime) + 180))?;
+                    .run(&script, Duration::from_secs(u64::from(args.runtime) + 180))
+                {
+                    Ok(output) => output,
+                    Err(error) => {
+                        eprintln!(
+                            "{} / {} run {} failed; initiator dmesg:\n{}\n{}",
+                            column.name,
+                            job.name,
+                            run + 1,
+                            current.initiator.dmesg(),
+                            current.target.diagnostics()
+                        );
+                        return Err(error);
+                    }
+                };
                 let sample = parse_fio(&output, job.rw)
                     .with_context(|| format!("fio output of {} / {}", column.name, job.name))?;
                 eprintln!(
@@ -229,6 +269,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
     drop(bed);
     print_table(
         &columns.iter().map(|(_, c)| c.name).collect::<Vec<_>>(),
+        &jobs,
         &results,
         &args,
     );
@@ -264,7 +305,7 @@ fn median_spread(values: &mut [f64]) -> (f64, f64, f64) {
     (median, values[0], values[values.len() - 1])
 }
 
-fn print_table(columns: &[&str], results: &[Vec<Vec<Sample>>], args: &BenchArgs) {
+fn print_table(columns: &[&str], jobs: &[&Job], results: &[Vec<Vec<Sample>>], args: &BenchArgs) {
     println!(
         "\nfio from the Linux initiator VM (TCG, 1 vCPU, Unix stream link via relay, MTU {}), \
          {} s per run, median of {} (min-max); ratio vs {}",
@@ -276,7 +317,7 @@ fn print_table(columns: &[&str], results: &[Vec<Vec<Sample>>], args: &BenchArgs)
     }
     println!("{header}");
     println!("|{}", "---|".repeat(columns.len() + 1));
-    for (j, job) in JOBS.iter().enumerate() {
+    for (j, job) in jobs.iter().enumerate() {
         let mut line = format!("| {:<20} |", job.name);
         let baseline = {
             let mut v: Vec<f64> = results[0][j].iter().map(|s| s.iops).collect();
@@ -301,14 +342,14 @@ fn print_table(columns: &[&str], results: &[Vec<Vec<Sample>>], args: &BenchArgs)
         }
         println!("{line}");
     }
-    print_image_goal(columns, results);
+    print_image_goal(columns, jobs, results);
 }
 
 /// The image against the better Linux target and against the hosted
 /// target (same initiator VM, same run), per job: the data path's goal is
 /// 1.5x the better Linux, or within 10 % of the hosted target where that
 /// is lower (the initiator VM is then the bound).
-fn print_image_goal(columns: &[&str], results: &[Vec<Vec<Sample>>]) {
+fn print_image_goal(columns: &[&str], jobs: &[&Job], results: &[Vec<Vec<Sample>>]) {
     let index = |name: &str| columns.iter().position(|c| *c == name);
     let Some(image) = index("brick image") else {
         return;
@@ -331,7 +372,7 @@ fn print_image_goal(columns: &[&str], results: &[Vec<Vec<Sample>>]) {
         .0
     };
     println!("\nbrick image against the better Linux target (goal x1.50) and the hosted target:");
-    for (j, job) in JOBS.iter().enumerate() {
+    for (j, job) in jobs.iter().enumerate() {
         let (best, best_name) = linux
             .iter()
             .map(|&c| (iops(c, j), columns[c]))

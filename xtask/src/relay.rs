@@ -99,6 +99,18 @@ pub struct Relay {
 impl Relay {
     /// Listens on `a` and `b` (removing stale sockets) and starts relaying.
     pub fn start(a: &Path, b: &Path, seed: u64, pcap: Option<&Path>) -> Result<Relay> {
+        Relay::start_capturing(a, b, seed, pcap, MAX_FRAME)
+    }
+
+    /// As [`Relay::start`], keeping at most `snaplen` bytes of each frame
+    /// in the pcap (the headers are enough to follow a long transfer).
+    pub fn start_capturing(
+        a: &Path,
+        b: &Path,
+        seed: u64,
+        pcap: Option<&Path>,
+        snaplen: usize,
+    ) -> Result<Relay> {
         let listeners = [bind(a)?, bind(b)?];
         let control = Arc::new(Mutex::new(Control {
             faults: [Faults::default(), Faults::default()],
@@ -108,7 +120,7 @@ impl Relay {
             connections: [0; 2],
         }));
         let pcap = match pcap {
-            Some(path) => Some(PcapWriter::create(path)?),
+            Some(path) => Some(PcapWriter::create(path, snaplen)?),
             None => None,
         };
         let stop = Arc::new(AtomicBool::new(false));
@@ -513,10 +525,12 @@ impl Rng {
 struct PcapWriter {
     out: BufWriter<File>,
     last_flush: Instant,
+    snaplen: usize,
 }
 
 impl PcapWriter {
-    fn create(path: &Path) -> Result<PcapWriter> {
+    fn create(path: &Path, snaplen: usize) -> Result<PcapWriter> {
+        let snaplen = snaplen.clamp(64, MAX_FRAME);
         let mut out = BufWriter::new(
             File::create(path).with_context(|| format!("create pcap {}", path.display()))?,
         );
@@ -526,12 +540,13 @@ impl PcapWriter {
         header.extend_from_slice(&4u16.to_le_bytes());
         header.extend_from_slice(&0i32.to_le_bytes());
         header.extend_from_slice(&0u32.to_le_bytes());
-        header.extend_from_slice(&(MAX_FRAME as u32).to_le_bytes());
+        header.extend_from_slice(&(snaplen as u32).to_le_bytes());
         header.extend_from_slice(&1u32.to_le_bytes());
         out.write_all(&header)?;
         Ok(PcapWriter {
             out,
             last_flush: Instant::now(),
+            snaplen,
         })
     }
 
@@ -542,10 +557,11 @@ impl PcapWriter {
         let mut record = Vec::with_capacity(16);
         record.extend_from_slice(&(now.as_secs() as u32).to_le_bytes());
         record.extend_from_slice(&now.subsec_micros().to_le_bytes());
-        record.extend_from_slice(&(frame.len() as u32).to_le_bytes());
+        let kept = &frame[..frame.len().min(self.snaplen)];
+        record.extend_from_slice(&(kept.len() as u32).to_le_bytes());
         record.extend_from_slice(&(frame.len() as u32).to_le_bytes());
         let _ = self.out.write_all(&record);
-        let _ = self.out.write_all(frame);
+        let _ = self.out.write_all(kept);
     }
 
     fn flush_if_due(&mut self) {

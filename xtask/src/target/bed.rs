@@ -50,8 +50,9 @@ pub struct BedConfig {
     pub mtu: u32,
     /// Initiator vCPUs.
     pub initiator_cpus: u32,
-    /// Write a pcap per path into the scratch directory.
-    pub pcap: bool,
+    /// Write a pcap per path into the scratch directory, keeping this
+    /// many bytes of each frame.
+    pub pcap: Option<usize>,
     /// Give the target a probe port ([`ProbePort`]; the Brick targets
     /// only, see [`TargetKind::has_probe_port`]; other kinds ignore it).
     pub probe: bool,
@@ -68,7 +69,7 @@ impl BedConfig {
             paths: 1,
             mtu: 1500,
             initiator_cpus: 1,
-            pcap: false,
+            pcap: None,
             probe: false,
             extra_files: Vec::new(),
         }
@@ -81,22 +82,24 @@ impl Bed {
         let dir = crate::paths::scratch("bed");
         let mut relays = Vec::new();
         for i in 0..config.paths {
-            let pcap = config.pcap.then(|| dir.join(format!("path{i}.pcap")));
-            relays.push(Relay::start(
+            let pcap = config.pcap.map(|_| dir.join(format!("path{i}.pcap")));
+            relays.push(Relay::start_capturing(
                 &dir.join(format!("a{i}.sock")),
                 &dir.join(format!("b{i}.sock")),
                 0xb41c + i as u64,
                 pcap.as_deref(),
+                config.pcap.unwrap_or(0),
             )?);
         }
         let probe = match config.kind {
             kind if kind.has_probe_port() && config.probe => {
-                let pcap = config.pcap.then(|| dir.join("probe.pcap"));
-                Some(Relay::start(
+                let pcap = config.pcap.map(|_| dir.join("probe.pcap"));
+                Some(Relay::start_capturing(
                     &dir.join("probe-a.sock"),
                     &dir.join("probe-b.sock"),
                     0xb41c_9e00,
                     pcap.as_deref(),
+                    config.pcap.unwrap_or(0),
                 )?)
             }
             _ => None,
