@@ -1,5 +1,5 @@
-//! The requester's adaptive retransmit timer (roce/src/qp/requester.rs,
-//! "Retransmit timer") between two software HCAs over a simulated link.
+//! The requester's adaptive retransmit timer (roce/src/qp/timer.rs,
+//! module docs) between two software HCAs over a simulated link.
 //!
 //! rxe waits the negotiated Local ACK Timeout (2.15 s with the RDMA CM
 //! default exponent 19) for every lost tail packet or lost ACK; Brick's timer

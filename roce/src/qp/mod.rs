@@ -43,7 +43,7 @@
 //! 2^`local_ack_timeout` (2.15 s with the CM default), its period adapts to
 //! the measured round-trip time, between
 //! [`config::MIN_RETRANSMIT_TIMEOUT_NS`] and that negotiated timeout, which
-//! alone still decides when the retry count runs out (the `requester`
+//! alone still decides when the retry count runs out (the `timer`
 //! module describes the timer; [`Qp::rtt_estimate`] shows it).
 //!
 //! # Selective retransmission
@@ -86,11 +86,9 @@ use core::cell::Cell;
 
 use heapless::Deque;
 use verbs::memory::Arena;
-use verbs::{
-    AccessFlags, ConnId, Inline, MemoryHandle, Rkey, Sgl, WcOpcode, WcStatus, WorkCompletion, WrId,
-};
+use verbs::{ConnId, WcOpcode, WcStatus, WorkCompletion};
 
-use crate::types::{Msn, Mtu, Psn, Qpn};
+use crate::types::{Msn, Psn, Qpn};
 use crate::wire::{
     ipv4, udp, EtherType, EthernetAddress, EthernetRepr, ExtHeaders, FrameHeaders, HeaderTemplate,
     IcrcSeed, Ipv4Address, Ipv4Repr, Opcode, RoceFrame, UdpRepr, MAX_HEADERS_LEN,
@@ -100,74 +98,16 @@ use crate::wire::{BthRepr, ExtSet, PacketShape, Trailer};
 mod requester;
 mod responder;
 pub mod selective;
+mod timer;
 
-pub mod config {
-    //! Default depths of a queue pair, its fixed capacities and the
-    //! transport constants.
+pub mod config;
+mod env;
+mod params;
+mod wqe;
 
-    /// Default send depth per QP ([`super::Qp::new`]; an HCA sets its own,
-    /// `HcaCapacity::send_depth`): posted, not yet completed send WRs plus
-    /// their completions not yet consumed.
-    pub const SQ_DEPTH: usize = 128;
-    /// Default receive depth per QP, counted as [`SQ_DEPTH`] is. An RTRS server posts queue_depth + 1
-    /// receives on cid 0 (512 + 1 with the Linux client's queue depth); an
-    /// RTRS client posts two per request plus 8 on every connection (1032
-    /// for the default queue depth of 512), so this must exceed 1032.
-    pub const RQ_DEPTH: usize = 2048;
-    /// Remembered incoming RDMA READs per QP, for duplicate replay; also the
-    /// most READs the responder serves at once (`max_dest_rd_atomic` cap).
-    pub const READ_RESOURCES: usize = 16;
-    /// Queued responder output (ACK/NAK, READ reply streams) per QP.
-    pub const RESPONSE_DEPTH: usize = 32;
-    /// How far past the oldest unacknowledged PSN the requester may send
-    /// (rxe `RXE_MAX_UNACKED_PSNS`, roce-v2.md §2.3.3: PSN `una + 128` is
-    /// the last allowed, as in the captures).
-    pub const MAX_UNACKED_PSNS: u32 = 128;
-    /// AckReq is set on every message's last packet and on the this-many-th
-    /// consecutive non-final packet since the last AckReq, exactly as rxe
-    /// does (more than `RXE_MAX_PKT_PER_ACK` = 64, roce-v2.md §2.3.2; seen at
-    /// the 66th in `rnbd-linux-srv-linux-clt.pcap`).
-    pub const ACK_REQ_INTERVAL: u32 = 66;
-    /// Largest message (rxe `RXE_PORT_MAX_MSG_SZ`); bounds the PSNs one WR
-    /// takes, keeping every outstanding PSN within the 2^23 comparison window.
-    pub const MAX_MESSAGE_LEN: u32 = 8 << 20;
-    /// Local ACK timeout exponent used when the negotiated one is 0 (which IB
-    /// defines as "no timer"): Brick never runs without a retransmit timer.
-    pub const DEFAULT_ACK_TIMEOUT: u8 = 14;
-    /// Floor of the adaptive retransmit timeout and of its margin over the
-    /// smoothed RTT: 5 ms. The timeout is `SRTT + max(G, 4·RTTVAR)` with G
-    /// this value (RFC 6298 §2.3, where G is the clock granularity), capped
-    /// by the negotiated Local ACK Timeout (a QP negotiating less gets less).
-    ///
-    /// `4·RTTVAR` only covers delays the requester has seen; G covers those
-    /// it has not. The peer's ACK is produced by software: Linux rxe builds it
-    /// in its responder task, which a busy or descheduled (virtual) CPU can
-    /// hold back for a scheduler tick (4 ms at HZ=250) on top of the usual
-    /// round trip, before the RTT samples ever show it. 5 ms is above one
-    /// tick, far above the tens to hundreds of µs of a LAN or a host-local
-    /// relay, and still 400 times below the 2.15 s default timeout, so a
-    /// lost tail packet costs milliseconds instead of seconds. A timer that
-    /// fires too early is cheap for RC: the responder re-ACKs duplicate
-    /// SEND/WRITE packets and replays READ responses (roce-v2.md §2.5 item
-    /// 5), and such a timeout never consumes the retry count (see the
-    /// requester).
-    pub const MIN_RETRANSMIT_TIMEOUT_NS: u64 = 5_000_000;
-    /// Retransmit timeout before the first RTT sample: 100 ms (capped by the
-    /// negotiated Local ACK Timeout).
-    ///
-    /// Nothing is known about the path yet, and the first messages of a
-    /// connection meet the slowest peer: a VM under TCG translating the code
-    /// path for the first time, page faults on fresh buffers, a relay. 100 ms
-    /// is well above the multi-millisecond round trips of TCG guests, yet
-    /// 20 times below the 2.15 s default; one valid sample replaces it.
-    pub const INITIAL_RETRANSMIT_TIMEOUT_NS: u64 = 100_000_000;
-    /// Floor of the adaptive retransmit timeout on a QP with selective
-    /// retransmission (both ends Brick, [`super::selective`]): 1 ms. An
-    /// expiry there resends two packets (the oldest unacknowledged and the
-    /// newest), not a window, so firing early is cheap, while a lost tail
-    /// packet at queue depth 1 costs a millisecond instead of five.
-    pub const SELECTIVE_MIN_RETRANSMIT_TIMEOUT_NS: u64 = 1_000_000;
-}
+pub use env::{CompletionQueue, Context, Counters, CqReserveError, FrameSink};
+pub use params::{rnr_delay_ns, Path, QpParams};
+use wqe::{Inbound, Payload, ReadResource, RecvWqe, Response, SendWqe, WqeOp};
 
 /// QP states, named after the IBTA's (roce-v2.md §2.1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -182,420 +122,6 @@ pub enum QpState {
     Rts,
     /// Error: work requests were flushed, incoming packets are dropped.
     Err,
-}
-
-/// Where the peer is: Ethernet and IPv4 addresses plus the IP/UDP fields of
-/// every frame the QP sends (roce-v2.md §1.2-1.3).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Path {
-    /// Our MAC.
-    pub local_mac: [u8; 6],
-    /// The peer's MAC (from ARP).
-    pub peer_mac: [u8; 6],
-    /// Our IPv4 address.
-    pub local_ip: [u8; 4],
-    /// The peer's IPv4 address; packets from any other source are dropped.
-    pub peer_ip: [u8; 4],
-    /// UDP source port, constant per QP (rxe: ≥ 0xC000, see
-    /// [`udp::source_port_for_qpn`]).
-    pub udp_src_port: u16,
-    /// IPv4 TOS (CM traffic class, normally 0).
-    pub tos: u8,
-    /// IPv4 TTL (CM hop limit, normally 64).
-    pub ttl: u8,
-}
-
-/// Everything needed to bring an RC QP to RTS: what the CM negotiates
-/// (roce-v2.md §2.1, ib-cm.md §4) or a test sets directly.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct QpParams {
-    /// The peer's QPN (BTH DestQP of everything we send).
-    pub peer_qpn: Qpn,
-    /// Our first send PSN (the peer's expected PSN).
-    pub send_psn: Psn,
-    /// The first PSN we expect from the peer.
-    pub recv_psn: Psn,
-    /// Path MTU: payload bytes per packet.
-    pub mtu: Mtu,
-    /// Local ACK timeout exponent: retransmit after 4.096 µs · 2^t (0 is
-    /// replaced by [`config::DEFAULT_ACK_TIMEOUT`]; values above 31 by 31).
-    pub local_ack_timeout: u8,
-    /// Retransmissions allowed on timeout/NAK 0x60 before `RetryExcErr`;
-    /// 7 = infinite (as rxe).
-    pub retry_count: u8,
-    /// RNR retries allowed before `RnrRetryExcErr`; 7 = infinite.
-    pub rnr_retry: u8,
-    /// RNR timer code we put into our RNR NAKs (roce-v2.md §2.3.6).
-    pub min_rnr_timer: u8,
-    /// RDMA READs we may have outstanding at the peer (its responder
-    /// resources); 0 forbids posting READs.
-    pub max_rd_atomic: u8,
-    /// RDMA READs we serve at once (our responder resources); 0 refuses
-    /// incoming READs with NAK 0x61. Capped at [`config::READ_RESOURCES`].
-    pub max_dest_rd_atomic: u8,
-    /// Remote operations the peer may do on this QP: REMOTE_WRITE and/or
-    /// REMOTE_READ (others NAK 0x61).
-    pub remote_access: AccessFlags,
-    /// Addressing.
-    pub path: Path,
-    /// Selective retransmission ([`selective`], Brick's extension): set
-    /// only when both ends are Brick and said so in the CM exchange; off,
-    /// the QP speaks standard go-back-N.
-    pub selective_retransmission: bool,
-}
-
-impl QpParams {
-    /// The retransmit timeout in nanoseconds (4.096 µs · 2^t).
-    pub fn ack_timeout_ns(&self) -> u64 {
-        let t = match self.local_ack_timeout {
-            0 => config::DEFAULT_ACK_TIMEOUT,
-            t => t.min(31),
-        };
-        4096u64 << t
-    }
-}
-
-/// RNR NAK timer code → delay in nanoseconds (roce-v2.md §2.3.6).
-pub fn rnr_delay_ns(code: u8) -> u64 {
-    const MICROS: [u32; 32] = [
-        655_360, 10, 20, 30, 40, 60, 80, 120, 160, 240, 320, 480, 640, 960, 1280, 1920, 2560, 3840,
-        5120, 7680, 10_240, 15_360, 20_480, 30_720, 40_960, 61_440, 81_920, 122_880, 163_840,
-        245_760, 327_680, 491_520,
-    ];
-    u64::from(MICROS[usize::from(code & 0x1f)]) * 1000
-}
-
-/// Where frames go: headers (Ethernet through extended headers), the payload
-/// as slices of registered memory, and the trailer (pad + ICRC). A NIC
-/// gathers the three (writev, descriptor chains).
-///
-/// Transmission is fire-and-forget: a sink that cannot send a frame drops it
-/// and the transport recovers as from any loss (retransmission, duplicate
-/// ACKs). Sinks that want back-pressure should stop `poll` calls instead.
-pub trait FrameSink {
-    /// Sends one frame made of `headers`, each `payload` piece, `trailer`.
-    fn transmit(&mut self, headers: &[u8], payload: &[&[u8]], trailer: &[u8]);
-}
-
-impl<F: FnMut(&[u8], &[&[u8]], &[u8])> FrameSink for F {
-    fn transmit(&mut self, headers: &[u8], payload: &[&[u8]], trailer: &[u8]) {
-        self(headers, payload, trailer)
-    }
-}
-
-/// Event and drop counters of an HCA (all QPs together). Plain numbers,
-/// wrapping never expected in practice (`u64`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Counters {
-    /// Frames handed to `receive`.
-    pub frames_in: u64,
-    /// Frames sent through the sink.
-    pub frames_out: u64,
-    /// Dropped: did not parse (truncated, bad lengths, unsupported, ...).
-    pub drop_malformed: u64,
-    /// Dropped: bad ICRC (or IPv4 header checksum).
-    pub drop_bad_checksum: u64,
-    /// Dropped: not addressed to our IP, or not from the QP's peer.
-    pub drop_bad_address: u64,
-    /// Dropped: P_Key not the default partition.
-    pub drop_bad_pkey: u64,
-    /// Dropped: no QP with that number, or a QP that is not ready.
-    pub drop_unknown_qpn: u64,
-    /// Dropped: not an RC opcode, or a response nobody waits for.
-    pub drop_bad_opcode: u64,
-    /// Dropped by the responder: out-of-sequence packets after the NAK.
-    pub drop_out_of_sequence: u64,
-    /// Requests kept out of order by a selective responder (executed once
-    /// the missing packets arrive).
-    pub kept_out_of_order: u64,
-    /// Duplicate requests seen (re-ACKed or replayed, never re-executed).
-    pub duplicates: u64,
-    /// Stale or bogus ACKs/responses ignored by the requester.
-    pub stale_acks: u64,
-    /// Packets sent again (go-back-N after NAK, RNR or timeout).
-    pub retransmissions: u64,
-    /// Retransmit timer expiries with packets outstanding (every expiry of
-    /// the adaptive timer, [`Counters::early_timeouts`] included).
-    pub timeouts: u64,
-    /// Timer expiries before a whole negotiated Local ACK Timeout passed
-    /// without progress: they go back N like any timeout but do not consume
-    /// the retry count (a subset of [`Counters::timeouts`]).
-    pub early_timeouts: u64,
-    /// Round-trip time samples taken by requesters (AckReq'd packets sent
-    /// once, acknowledged).
-    pub rtt_samples: u64,
-    /// NAKs (any code, RNR excluded) sent.
-    pub naks_sent: u64,
-    /// NAKs (any code, RNR excluded) received.
-    pub naks_received: u64,
-    /// RNR NAKs sent.
-    pub rnr_naks_sent: u64,
-    /// RNR NAKs received.
-    pub rnr_naks_received: u64,
-    /// ACK/NAK/read responses not queued because the response queue was full.
-    pub responses_dropped: u64,
-    /// Completions lost because the completion queue was full.
-    pub cq_overflows: u64,
-}
-
-/// The completion queue shared by all QPs of an HCA: completions in the
-/// order they were generated, each with the tag of the QP that made it.
-///
-/// Its entries are allocated once ([`CompletionQueue::with_capacity`]).
-/// It cannot overflow when used as the HCA uses it: every QP reserves its
-/// send depth plus receive depth entries ([`CompletionQueue::reserve`])
-/// before it exists, and a QP never holds more WQEs plus unconsumed
-/// completions than it reserved (see [`Qp::post_send`]). A push beyond
-/// the capacity would still be counted ([`Counters::cq_overflows`]) and
-/// dropped rather than allocate.
-pub struct CompletionQueue {
-    entries: VecDeque<(u64, WorkCompletion)>,
-    capacity: usize,
-    reserved: usize,
-}
-
-/// Why [`CompletionQueue::reserve`] refused.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct CqReserveError {
-    /// Entries asked for.
-    pub needed: usize,
-    /// Entries not reserved yet.
-    pub free: usize,
-    /// Entries of the queue.
-    pub capacity: usize,
-}
-
-impl core::fmt::Display for CqReserveError {
-    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        write!(
-            f,
-            "completion queue cannot reserve {} entries: {} of {} unreserved",
-            self.needed, self.free, self.capacity
-        )
-    }
-}
-
-impl CompletionQueue {
-    /// Bytes a queue of `capacity` entries takes.
-    pub const fn bytes_for(capacity: usize) -> usize {
-        capacity * core::mem::size_of::<(u64, WorkCompletion)>()
-    }
-
-    /// An empty queue of `capacity` entries (allocated here, once).
-    pub fn with_capacity(capacity: usize) -> Self {
-        Self {
-            entries: VecDeque::with_capacity(capacity),
-            capacity,
-            reserved: 0,
-        }
-    }
-
-    /// Sets `entries` aside for one QP.
-    ///
-    /// # Errors
-    /// [`CqReserveError`] when fewer are unreserved.
-    pub fn reserve(&mut self, entries: usize) -> Result<(), CqReserveError> {
-        let free = self.capacity - self.reserved;
-        if entries > free {
-            return Err(CqReserveError {
-                needed: entries,
-                free,
-                capacity: self.capacity,
-            });
-        }
-        self.reserved += entries;
-        Ok(())
-    }
-
-    /// Gives back `entries` reserved with [`CompletionQueue::reserve`].
-    pub fn unreserve(&mut self, entries: usize) {
-        self.reserved = self.reserved.saturating_sub(entries);
-    }
-
-    /// Appends a completion made by the QP tagged `tag`; counts an
-    /// overflow (and drops it) when full, which reservations rule out.
-    pub fn push(&mut self, tag: u64, completion: WorkCompletion, counters: &mut Counters) {
-        if self.entries.len() >= self.capacity {
-            counters.cq_overflows += 1;
-            return;
-        }
-        self.entries.push_back((tag, completion));
-    }
-
-    /// The oldest completion and the tag of the QP that made it.
-    pub fn pop(&mut self) -> Option<(u64, WorkCompletion)> {
-        self.entries.pop_front()
-    }
-
-    /// Completions waiting.
-    pub fn len(&self) -> usize {
-        self.entries.len()
-    }
-
-    /// Whether no completion waits.
-    pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
-    }
-
-    /// Entries of the queue.
-    pub fn capacity(&self) -> usize {
-        self.capacity
-    }
-
-    /// Entries reserved by QPs (and by completions of destroyed QPs not
-    /// consumed yet).
-    pub fn reserved(&self) -> usize {
-        self.reserved
-    }
-}
-
-/// What the QP needs from the HCA on every call: registered memory, the
-/// completion queue and the counters.
-pub struct Context<'a, S, const N: usize> {
-    /// Registered memory.
-    pub arena: &'a mut Arena<S, N>,
-    /// Where completions go.
-    pub cq: &'a mut CompletionQueue,
-    /// Reorder buffers lent to selective QPs.
-    pub reorder: &'a mut selective::ReorderPool,
-    /// Counters to bump.
-    pub counters: &'a mut Counters,
-}
-
-/// The operation of a send WQE, decoded from its [`verbs::SendOp`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum WqeOp {
-    Send {
-        imm: Option<u32>,
-        invalidate: Option<Rkey>,
-    },
-    Write {
-        remote_addr: u64,
-        rkey: Rkey,
-        imm: Option<u32>,
-    },
-    Read {
-        remote_addr: u64,
-        rkey: Rkey,
-    },
-    LocalInv {
-        rkey: Rkey,
-    },
-}
-
-/// Where the bytes of a send-queue entry come from.
-#[derive(Debug, Clone)]
-enum Payload {
-    /// Registered memory, pinned until completion, gathered each time a
-    /// packet is built.
-    Gather(Sgl),
-    /// Copied into the entry at post time (`SendInline`).
-    Inline(Inline),
-}
-
-impl Payload {
-    /// The entries the WQE pins (none for an inline payload).
-    fn sgl(&self) -> &[verbs::Sge] {
-        match self {
-            Self::Gather(sgl) => sgl.as_slice(),
-            Self::Inline(_) => &[],
-        }
-    }
-}
-
-/// A send-queue entry: the request, its PSN range and progress.
-#[derive(Debug, Clone)]
-struct SendWqe {
-    wr_id: WrId,
-    signaled: bool,
-    op: WqeOp,
-    payload: Payload,
-    len: u32,
-    first_psn: Psn,
-    /// PSNs taken: packets (READ: response packets); 0 for LOCAL_INV.
-    npkts: u32,
-    /// LOCAL_INV only: done when the cursor passed it.
-    executed: bool,
-}
-
-impl SendWqe {
-    fn last_psn(&self) -> Psn {
-        self.first_psn.wrapping_add(self.npkts.saturating_sub(1))
-    }
-
-    fn contains(&self, psn: Psn) -> bool {
-        self.npkts > 0 && self.first_psn.distance_to(psn) < self.npkts
-    }
-
-    fn is_read(&self) -> bool {
-        matches!(self.op, WqeOp::Read { .. })
-    }
-
-    fn completion_opcode(&self) -> WcOpcode {
-        match self.op {
-            WqeOp::Send { .. } => WcOpcode::Send,
-            WqeOp::Write { .. } => WcOpcode::RdmaWrite,
-            WqeOp::Read { .. } => WcOpcode::RdmaRead,
-            WqeOp::LocalInv { .. } => WcOpcode::LocalInv,
-        }
-    }
-}
-
-/// A receive-queue entry.
-#[derive(Debug, Clone)]
-struct RecvWqe {
-    wr_id: WrId,
-    sgl: Sgl,
-    len: u32,
-}
-
-/// The message the responder is in the middle of (what MIDDLE/LAST continue).
-#[derive(Debug, Clone)]
-enum Inbound {
-    /// Between messages: only FIRST/ONLY/READ may come.
-    Idle,
-    /// A multi-packet SEND: its receive WQE and the bytes placed so far.
-    Send { recv: RecvWqe, offset: u32 },
-    /// A multi-packet RDMA WRITE: target (None for zero length), bytes
-    /// placed, total length from the RETH.
-    Write {
-        target: Option<MemoryHandle>,
-        offset: u32,
-        len: u32,
-    },
-}
-
-/// A remembered incoming READ (for the reply stream and duplicates).
-#[derive(Debug, Clone, Copy)]
-struct ReadResource {
-    /// Generation, so a queued reply notices its resource was recycled.
-    seq: u32,
-    first_psn: Psn,
-    npkts: u32,
-    target: Option<MemoryHandle>,
-    va: u64,
-    len: u32,
-    rkey: Rkey,
-    msn: Msn,
-}
-
-/// Queued responder output.
-#[derive(Debug, Clone, Copy)]
-enum Response {
-    /// An ACKNOWLEDGE packet (ACK, NAK or RNR NAK).
-    Ack {
-        psn: Psn,
-        syndrome: crate::wire::Syndrome,
-        msn: Msn,
-    },
-    /// READ response packets `next_psn ..= last` of a resource; `start_psn`
-    /// is where this reply run began (its FIRST/ONLY packet).
-    Read {
-        slot: u8,
-        seq: u32,
-        start_psn: Psn,
-        next_psn: Psn,
-    },
 }
 
 /// One RC queue pair (see the module docs).
@@ -645,7 +171,7 @@ pub struct Qp {
     rnr_left: u8,
     retransmit_deadline: Option<u64>,
     /// RTT estimate, backoff and retry-charging epoch of the timer.
-    timer: requester::RetransmitTimer,
+    timer: timer::RetransmitTimer,
     rnr_until: Option<u64>,
     /// The PSN of the last go-back done on a NAK, until progress.
     last_nak: Option<Psn>,
@@ -752,7 +278,7 @@ impl Qp {
             retry_left: 0,
             rnr_left: 0,
             retransmit_deadline: None,
-            timer: requester::RetransmitTimer::new(),
+            timer: timer::RetransmitTimer::new(),
             rnr_until: None,
             last_nak: None,
             since_ack_req: 0,
