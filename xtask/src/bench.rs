@@ -243,11 +243,14 @@ pub fn run(args: BenchArgs) -> Result<()> {
                 {
                     Ok(output) => output,
                     Err(error) => {
+                        let relays: Vec<String> =
+                            current.relays.iter().map(|relay| relay.summary()).collect();
                         eprintln!(
-                            "{} / {} run {} failed; initiator dmesg:\n{}\n{}",
+                            "{} / {} run {} failed; relays: {}\ninitiator dmesg:\n{}\n{}",
                             column.name,
                             job.name,
                             run + 1,
+                            relays.join("; "),
                             current.initiator.dmesg(),
                             current.target.diagnostics()
                         );
