@@ -312,7 +312,7 @@ impl<'a> RoceFrame<'a> {
     /// then reads (and rejects or accepts with the same result): when this
     /// returns a frame, it is the one [`RoceFrame::parse_layered`] returns,
     /// with where its ICRC field ends (`14 + 20 + UDP length`).
-    #[inline]
+    #[inline(always)]
     fn parse_common(frame: &'a [u8]) -> Option<(RoceFrame<'a>, usize)> {
         const IP: usize = ethernet::HEADER_LEN;
         const UDP: usize = IP + ipv4::HEADER_LEN;
@@ -512,7 +512,7 @@ pub fn parse_frame(frame: &[u8]) -> Result<RoceFrame<'_>, ParseError> {
 ///
 /// # Fuzzing
 /// The ICRC check passes under `cfg(fuzzing)`.
-#[inline]
+#[inline(always)]
 pub fn parse_frame_from<'a>(seed: &IcrcSeed, frame: &'a [u8]) -> Result<RoceFrame<'a>, ParseError> {
     if let Some((parsed, end)) = RoceFrame::parse_common(frame) {
         // What `verify_icrc_from` finds for such a frame, without locating
