@@ -107,7 +107,7 @@ use crate::types::{Mtu, Pkey, Psn, Qkey, Qpn};
 use crate::udp::{parse_datagram, DatagramFrames, DatagramSink, PSEUDO_MAC};
 use crate::wake::WakeSet;
 use crate::wire::{
-    ipv4, parse_frame_from, udp, BthRepr, DethRepr, EtherType, EthernetAddress, EthernetRepr,
+    ipv4, udp, with_parsed_frame, BthRepr, DethRepr, EtherType, EthernetAddress, EthernetRepr,
     ExtHeaders, FrameHeaders, IcrcSeed, Ipv4Address, Ipv4Repr, Opcode, ParseError, Trailer,
     Transport, UdpRepr, MAX_HEADERS_LEN,
 };
@@ -771,7 +771,8 @@ where
             }
             return;
         }
-        self.deliver(now, parse_frame_from(&self.icrc, frame));
+        let icrc = self.icrc.clone();
+        with_parsed_frame(&icrc, frame, |parsed| self.deliver(now, parsed));
     }
 
     /// Handles one datagram received in [`LinkMode::Udp`] from `from`: the
@@ -792,14 +793,16 @@ where
             return;
         };
         let local = Ipv4Address::from(self.config.ip);
-        self.deliver(now, parse_datagram(from, local, datagram));
+        match parse_datagram(from, local, datagram) {
+            Ok(parsed) => self.deliver(now, Ok(&parsed)),
+            Err(error) => self.deliver(now, Err(error)),
+        }
     }
 
     /// The checks and dispatch shared by [`Hca::receive`] and
     /// [`Hca::receive_datagram`], after parsing and the ICRC check.
-    fn deliver(&mut self, now: u64, parsed: Result<crate::wire::RoceFrame<'_>, ParseError>) {
-        // By reference: the frame's reprs are not moved out of the result.
-        let parsed = match &parsed {
+    fn deliver(&mut self, now: u64, parsed: Result<&crate::wire::RoceFrame<'_>, ParseError>) {
+        let parsed = match parsed {
             Ok(parsed) => parsed,
             Err(ParseError::BadChecksum) => {
                 self.counters.drop_bad_checksum += 1;

@@ -512,25 +512,43 @@ pub fn parse_frame(frame: &[u8]) -> Result<RoceFrame<'_>, ParseError> {
 ///
 /// # Fuzzing
 /// The ICRC check passes under `cfg(fuzzing)`.
-#[inline(always)]
+#[inline]
 pub fn parse_frame_from<'a>(seed: &IcrcSeed, frame: &'a [u8]) -> Result<RoceFrame<'a>, ParseError> {
+    with_parsed_frame(seed, frame, |parsed| parsed.copied())
+}
+
+/// [`parse_frame_from`], handing the result to `f` by reference: the
+/// parsed frame stays where it was built, which a receive path that only
+/// reads it saves a 200-byte move per packet.
+///
+/// # Fuzzing
+/// The ICRC check passes under `cfg(fuzzing)`.
+#[inline(always)]
+pub fn with_parsed_frame<'a, R>(
+    seed: &IcrcSeed,
+    frame: &'a [u8],
+    f: impl FnOnce(Result<&RoceFrame<'a>, ParseError>) -> R,
+) -> R {
     if let Some((parsed, end)) = RoceFrame::parse_common(frame) {
         // What `verify_icrc_from` finds for such a frame, without locating
         // the ICRC again.
         return if cfg!(fuzzing) || seed.start(&frame[..end - ICRC_LEN]).finish() == parsed.icrc {
-            Ok(parsed)
+            f(Ok(&parsed))
         } else {
-            Err(ParseError::BadChecksum)
+            f(Err(ParseError::BadChecksum))
         };
     }
     // The ICRC first, so that a good frame is parsed straight into the
     // result; a structural error still wins over a bad ICRC.
     if verify_icrc_from(seed, frame) {
-        RoceFrame::parse(frame)
+        match RoceFrame::parse(frame) {
+            Ok(parsed) => f(Ok(&parsed)),
+            Err(error) => f(Err(error)),
+        }
     } else {
         match RoceFrame::parse(frame) {
-            Ok(_) => Err(ParseError::BadChecksum),
-            Err(error) => Err(error),
+            Ok(_) => f(Err(ParseError::BadChecksum)),
+            Err(error) => f(Err(error)),
         }
     }
 }

@@ -30,13 +30,15 @@ pub const HEADER_LEN: usize = 20;
 pub const MAX_PAYLOAD_LEN: usize = u16::MAX as usize - HEADER_LEN;
 
 /// The ones'-complement sum (RFC 1071) of a 20-byte header, folded to 16
-/// bits.
+/// bits. Summed as five 32-bit words (RFC 1071 §2(C): the 16-bit halves
+/// fold into the same sum), which takes half the additions.
 fn header_sum(header: &[u8; HEADER_LEN]) -> u16 {
-    let mut sum = 0u32;
-    for word in header.chunks_exact(2) {
-        sum += u32::from(u16::from_be_bytes([word[0], word[1]]));
+    let mut sum = 0u64;
+    for word in header.chunks_exact(4) {
+        sum += u64::from(u32::from_be_bytes([word[0], word[1], word[2], word[3]]));
     }
-    // Ten words sum to less than 2^20: two folds leave 16 bits.
+    // Below 2^35: three folds leave 16 bits.
+    sum = (sum & 0xffff) + (sum >> 16);
     sum = (sum & 0xffff) + (sum >> 16);
     sum = (sum & 0xffff) + (sum >> 16);
     sum as u16
@@ -279,6 +281,14 @@ mod test {
                 checksum_ok(&header),
                 Packet::new_unchecked(&header[..]).verify_checksum()
             );
+            // The 32-bit-word sum against RFC 1071's 16-bit words.
+            let mut words = 0u32;
+            for word in header.chunks_exact(2) {
+                words += u32::from(u16::from_be_bytes([word[0], word[1]]));
+            }
+            words = (words & 0xffff) + (words >> 16);
+            words = (words & 0xffff) + (words >> 16);
+            assert_eq!(header_sum(&header), words as u16);
             let mut filled = header;
             Packet::new_unchecked(&mut filled[..]).fill_checksum();
             assert!(checksum_ok(&filled));
