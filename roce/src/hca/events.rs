@@ -2,7 +2,7 @@
 //! changes, RTU, rejects) and surfaced as [`CmEvent`]s, active connections
 //! waiting for ARP, and connections whose QP failed.
 //!
-//! Split from `hca.rs` (the device, its tables and frame IO); see its
+//! Split from `hca.rs` (the device, its tables and QP management); see its
 //! module docs, "Connection management", for the whole sequence.
 
 use super::*;
