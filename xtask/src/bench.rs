@@ -9,7 +9,7 @@
 //! (min-max) shown; the ratio compares with the first column (the Linux
 //! rnbd_server unless left out). Not a test: it prints numbers.
 
-use crate::target::{Bed, BedConfig, TargetKind};
+use crate::target::{path_address, Bed, BedConfig, TargetKind};
 use crate::util::step;
 use crate::vmimage::Images;
 use anyhow::{bail, Context, Result};
@@ -245,6 +245,16 @@ pub fn run(args: BenchArgs) -> Result<()> {
                     Err(error) => {
                         let relays: Vec<String> =
                             current.relays.iter().map(|relay| relay.summary()).collect();
+                        // Whether the link still carries frames at all: a
+                        // dead link and a stalled transport look alike to fio.
+                        let ping = current
+                            .initiator
+                            .run(
+                                &format!("ping -c 3 -W 1 {} 2>&1 || true", path_address(0).target),
+                                Duration::from_secs(20),
+                            )
+                            .unwrap_or_else(|e| format!("(ping did not run: {e:#})"));
+                        eprintln!("ping from the initiator after the failure:\n{ping}");
                         eprintln!(
                             "{} / {} run {} failed; relays: {}\ninitiator dmesg:\n{}\n{}",
                             column.name,
