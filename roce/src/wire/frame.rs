@@ -23,6 +23,7 @@ use core::fmt;
 use super::bytes::read_u32_le;
 use super::icrc::{verify_icrc_from, IcrcSeed, ICRC_LEN};
 use super::template::Trailer;
+use super::view::PacketView;
 use super::{
     aeth, arp, atomic_ack_eth, atomic_eth, bth, deth, ethernet, ieth, immdt, ipv4, reth, udp,
 };
@@ -314,92 +315,8 @@ impl<'a> RoceFrame<'a> {
     /// with where its ICRC field ends (`14 + 20 + UDP length`).
     #[inline(always)]
     fn parse_common(frame: &'a [u8]) -> Option<(RoceFrame<'a>, usize)> {
-        const IP: usize = ethernet::HEADER_LEN;
-        const UDP: usize = IP + ipv4::HEADER_LEN;
-        const BTH: usize = UDP + udp::HEADER_LEN;
-        let h: &[u8; FIXED_HEADERS_LEN] = frame.first_chunk()?;
-        let be16 = |at: usize| u16::from_be_bytes([h[at], h[at + 1]]);
-        if be16(12) != 0x0800 {
-            return None;
-        }
-        let ip: &[u8; ipv4::HEADER_LEN] = h[IP..UDP].first_chunk()?;
-        // Version 4, IHL 5; MF clear and fragment offset 0; protocol UDP.
-        if ip[0] != 0x45 || ip[6] & 0x3f != 0 || ip[7] != 0 || ip[9] != 17 {
-            return None;
-        }
-        if !ipv4::checksum_ok(ip) {
-            return None;
-        }
-        let total_len = usize::from(be16(IP + 2));
-        let ip_payload = frame.get(UDP..IP + total_len)?;
-        let udp_len = usize::from(be16(UDP + 4));
-        if be16(UDP + 2) != udp::ROCE_V2_PORT
-            || be16(UDP + 6) != 0
-            || udp_len < udp::HEADER_LEN
-            || udp_len > ip_payload.len()
-        {
-            return None;
-        }
-        let ib = &ip_payload[udp::HEADER_LEN..udp_len];
-        if ib.len() < bth::HEADER_LEN + ICRC_LEN || h[BTH + 1] & 0x0f != 0 {
-            return None;
-        }
-        let bth = BthRepr {
-            opcode: bth::Opcode::from(h[BTH]),
-            solicited: h[BTH + 1] & 0x80 != 0,
-            mig_req: h[BTH + 1] & 0x40 != 0,
-            pad_count: (h[BTH + 1] >> 4) & 0x03,
-            pkey: crate::types::Pkey(be16(BTH + 2)),
-            fecn: h[BTH + 4] & 0x80 != 0,
-            becn: h[BTH + 4] & 0x40 != 0,
-            dest_qp: crate::types::Qpn::new_truncate(u32::from_be_bytes([
-                0,
-                h[BTH + 5],
-                h[BTH + 6],
-                h[BTH + 7],
-            ])),
-            ack_req: h[BTH + 8] & 0x80 != 0,
-            psn: crate::types::Psn::new_truncate(u32::from_be_bytes([
-                0,
-                h[BTH + 9],
-                h[BTH + 10],
-                h[BTH + 11],
-            ])),
-        };
-        let layout = bth.opcode.ext_headers()?;
-        let payload_start = bth::HEADER_LEN + layout.len();
-        let icrc_start = ib.len() - ICRC_LEN;
-        let payload_end = icrc_start
-            .checked_sub(usize::from(bth.pad_count))
-            .filter(|&end| end >= payload_start)?;
-        let ext = ExtHeaders::parse(layout, &ib[bth::HEADER_LEN..payload_start]).ok()?;
-        let address = |at: usize| ipv4::Address::from([h[at], h[at + 1], h[at + 2], h[at + 3]]);
-        let frame = RoceFrame {
-            eth: EthernetRepr {
-                src_addr: ethernet::Address([h[6], h[7], h[8], h[9], h[10], h[11]]),
-                dst_addr: ethernet::Address([h[0], h[1], h[2], h[3], h[4], h[5]]),
-                ethertype: EtherType::Ipv4,
-            },
-            ip: Ipv4Repr {
-                src_addr: address(IP + 12),
-                dst_addr: address(IP + 16),
-                protocol: ipv4::Protocol::Udp,
-                payload_len: total_len - ipv4::HEADER_LEN,
-                ttl: ip[8],
-                tos: ip[1],
-                ident: be16(IP + 4),
-                dont_frag: ip[6] & 0x40 != 0,
-            },
-            udp: UdpRepr {
-                src_port: be16(UDP),
-                dst_port: udp::ROCE_V2_PORT,
-            },
-            bth,
-            ext,
-            payload: &ib[payload_start..payload_end],
-            icrc: read_u32_le(&ib[icrc_start..]),
-        };
-        Some((frame, UDP + udp_len))
+        let view = PacketView::parse(frame)?;
+        Some((view.frame()?, view.icrc_end()))
     }
 
     /// [`RoceFrame::parse`] layer by layer: every frame, every error.
@@ -529,10 +446,23 @@ pub fn with_parsed_frame<'a, R>(
     frame: &'a [u8],
     f: impl FnOnce(Result<&RoceFrame<'a>, ParseError>) -> R,
 ) -> R {
-    if let Some((parsed, end)) = RoceFrame::parse_common(frame) {
-        // What `verify_icrc_from` finds for such a frame, without locating
-        // the ICRC again.
-        return if cfg!(fuzzing) || seed.start(&frame[..end - ICRC_LEN]).finish() == parsed.icrc {
+    with_viewed_frame(seed, frame, PacketView::parse(frame), f)
+}
+
+/// [`with_parsed_frame`] for a caller that already has the frame's
+/// [`PacketView::parse`] (`view`), so the fixed headers are read once.
+///
+/// # Fuzzing
+/// The ICRC check passes under `cfg(fuzzing)`.
+#[inline(always)]
+pub fn with_viewed_frame<'a, R>(
+    seed: &IcrcSeed,
+    frame: &'a [u8],
+    view: Option<PacketView<'a>>,
+    f: impl FnOnce(Result<&RoceFrame<'a>, ParseError>) -> R,
+) -> R {
+    if let Some((view, parsed)) = view.and_then(|view| Some((view, view.frame()?))) {
+        return if view.icrc_ok(seed) {
             f(Ok(&parsed))
         } else {
             f(Err(ParseError::BadChecksum))

@@ -122,6 +122,7 @@ pub mod rdma_cm;
 pub mod reth;
 pub mod template;
 pub mod udp;
+pub mod view;
 
 pub use self::aeth::{NakCode, Packet as AethPacket, Repr as AethRepr, Syndrome};
 pub use self::arp::{Packet as ArpPacket, Repr as ArpRepr};
@@ -133,8 +134,8 @@ pub use self::ethernet::{
     Address as EthernetAddress, EtherType, Frame as EthernetFrame, Repr as EthernetRepr,
 };
 pub use self::frame::{
-    pad_len, parse_frame, parse_frame_from, with_parsed_frame, EmitError, ExtHeaders, Frame,
-    FrameHeaders, RoceFrame, FIXED_HEADERS_LEN, MAX_HEADERS_LEN,
+    pad_len, parse_frame, parse_frame_from, with_parsed_frame, with_viewed_frame, EmitError,
+    ExtHeaders, Frame, FrameHeaders, RoceFrame, FIXED_HEADERS_LEN, MAX_HEADERS_LEN,
 };
 pub use self::icrc::{
     compute_icrc, fill_icrc, icrc_over, verify_icrc, verify_icrc_from, Icrc, IcrcBeforePsn,
@@ -149,6 +150,7 @@ pub use self::rdma_cm::{Packet as CmaPacket, PortSpace, Repr as CmaRepr};
 pub use self::reth::{Packet as RethPacket, Repr as RethRepr};
 pub use self::template::{HeaderTemplate, PacketShape, Trailer};
 pub use self::udp::{Packet as UdpPacket, Repr as UdpRepr};
+pub use self::view::PacketView;
 
 /// Why a buffer could not be read as a header, a message or a frame.
 ///
