@@ -107,9 +107,9 @@ use crate::types::{Mtu, Pkey, Psn, Qkey, Qpn};
 use crate::udp::{parse_datagram, DatagramFrames, DatagramSink, PSEUDO_MAC};
 use crate::wake::WakeSet;
 use crate::wire::{
-    ipv4, udp, with_parsed_frame, BthRepr, DethRepr, EtherType, EthernetAddress, EthernetRepr,
-    ExtHeaders, FrameHeaders, IcrcSeed, Ipv4Address, Ipv4Repr, Opcode, ParseError, Trailer,
-    Transport, UdpRepr, MAX_HEADERS_LEN,
+    ipv4, udp, with_viewed_frame, BthRepr, DethRepr, EtherType, EthernetAddress, EthernetRepr,
+    ExtHeaders, FrameHeaders, IcrcSeed, Ipv4Address, Ipv4Repr, Opcode, PacketView, ParseError,
+    Trailer, Transport, UdpRepr, MAX_HEADERS_LEN,
 };
 
 mod events;
@@ -365,6 +365,9 @@ pub struct Hca<S, K, const N: usize = 0, const Q: usize = 0, const C: usize = 0>
     events: Deque<CmEvent, EVENT_QUEUE_LEN>,
     /// Where every received frame's ICRC check starts (see [`IcrcSeed`]).
     icrc: IcrcSeed,
+    /// Whether [`Hca::receive`] takes its fast path for in-order WRITE
+    /// continuations (always, but for the equivalence tests).
+    fast_receive: bool,
     /// BTH PSN of the next MAD sent on QP1.
     gsi_psn: Psn,
     path_mtu: Mtu,
@@ -466,6 +469,7 @@ where
             cm_dirty: false,
             events: Deque::new(),
             icrc: IcrcSeed::new(),
+            fast_receive: true,
             gsi_psn: Psn::new(0),
             path_mtu: Mtu::Mtu1024,
             now: 0,
@@ -540,6 +544,14 @@ where
             },
             self.capacity.cm_connections,
         );
+    }
+
+    /// Turns the receive fast path for in-order WRITE continuations off
+    /// or on (on by default). Only for tests that show both paths do the
+    /// same, frame for frame.
+    #[doc(hidden)]
+    pub fn set_fast_receive(&mut self, on: bool) {
+        self.fast_receive = on;
     }
 
     /// The path MTU (see [`Hca::set_path_mtu`]).

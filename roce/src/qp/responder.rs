@@ -11,7 +11,9 @@ use verbs::{AccessFlags, Memory, PostError, RecvWr, WcOpcode, WcStatus, WorkComp
 
 use super::{config, Context, FrameSink, Inbound, Qp, QpState, ReadResource, RecvWqe, Response};
 use crate::types::Psn;
-use crate::wire::{pad_len, AethRepr, ExtHeaders, NakCode, Opcode, RoceFrame, Syndrome};
+use crate::wire::{
+    pad_len, AethRepr, BthRepr, ExtHeaders, NakCode, Opcode, RethRepr, RoceFrame, Syndrome,
+};
 
 /// The family of a request opcode.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -54,6 +56,32 @@ fn request_info(opcode: Opcode) -> Option<RequestInfo> {
         RcRdmaReadRequest => info(Kind::Read, true, true, false),
         _ => return None,
     })
+}
+
+/// What the responder reads of an RDMA WRITE packet.
+#[derive(Debug, Clone, Copy)]
+struct WriteSegment<'p> {
+    psn: Psn,
+    ack_req: bool,
+    pad_count: u8,
+    payload: &'p [u8],
+    /// FIRST and ONLY: the RETH.
+    reth: Option<RethRepr>,
+    /// LAST and ONLY with immediate: the immediate.
+    immediate: Option<u32>,
+}
+
+impl<'p> WriteSegment<'p> {
+    fn of(frame: &RoceFrame<'p>) -> Self {
+        WriteSegment {
+            psn: frame.bth.psn,
+            ack_req: frame.bth.ack_req,
+            pad_count: frame.bth.pad_count,
+            payload: frame.payload,
+            reth: frame.ext.reth,
+            immediate: frame.ext.immdt.map(|immdt| immdt.immediate),
+        }
+    }
 }
 
 impl Qp {
@@ -239,7 +267,7 @@ impl Qp {
         }
         match info.kind {
             Kind::Send => self.receive_send(frame, info, ctx),
-            Kind::Write => self.receive_write(frame, info, ctx),
+            Kind::Write => self.receive_write(WriteSegment::of(frame), info, ctx),
             Kind::Read => self.receive_read(frame, ctx),
         }
     }
@@ -326,17 +354,70 @@ impl Qp {
         }
     }
 
+    /// An RDMA WRITE MIDDLE or LAST packet that continues the WRITE in
+    /// progress, in order, on a QP in RTS with remote write access: the
+    /// work [`Qp::receive`] does for it, read from the BTH and payload only
+    /// (the HCA's receive fast path; [`crate::wire::PacketView`]). Anything
+    /// else (another opcode, a PSN other than the expected one, no WRITE in
+    /// progress, another state, no write access) returns `false` having
+    /// changed nothing, and goes through [`Qp::receive`].
+    pub fn receive_write_continuation<S, const N: usize>(
+        &mut self,
+        bth: &BthRepr,
+        payload: &[u8],
+        ctx: &mut Context<'_, S, N>,
+    ) -> bool
+    where
+        S: AsRef<[u8]> + AsMut<[u8]>,
+    {
+        let last = match bth.opcode {
+            Opcode::RcRdmaWriteMiddle => false,
+            Opcode::RcRdmaWriteLast => true,
+            _ => return false,
+        };
+        let writable = self
+            .params
+            .as_ref()
+            .is_some_and(|params| params.remote_access.contains(AccessFlags::REMOTE_WRITE));
+        if self.state != QpState::Rts
+            || bth.psn != self.epsn
+            || !matches!(self.inbound, Inbound::Write { .. })
+            || !writable
+        {
+            return false;
+        }
+        let info = RequestInfo {
+            kind: Kind::Write,
+            first: false,
+            last,
+            imm: false,
+        };
+        let segment = WriteSegment {
+            psn: bth.psn,
+            ack_req: bth.ack_req,
+            pad_count: bth.pad_count,
+            payload,
+            reth: None,
+            immediate: None,
+        };
+        self.receive_write(segment, info, ctx);
+        if self.selective() {
+            self.drain_kept(ctx);
+        }
+        true
+    }
+
     fn receive_write<S, const N: usize>(
         &mut self,
-        frame: &RoceFrame<'_>,
+        segment: WriteSegment<'_>,
         info: RequestInfo,
         ctx: &mut Context<'_, S, N>,
     ) where
         S: AsRef<[u8]> + AsMut<[u8]>,
     {
-        let psn = frame.bth.psn;
+        let psn = segment.psn;
         if info.first {
-            let Some(reth) = frame.ext.reth else {
+            let Some(reth) = segment.reth else {
                 return;
             };
             let target = if reth.dma_length == 0 {
@@ -377,13 +458,13 @@ impl Qp {
         // Length rules (roce-v2.md §1.7): full MTU with no pad before the
         // last packet, exactly the rest (and its pad) in the last one.
         let resid = len - offset;
-        let payload = frame.payload;
+        let payload = segment.payload;
         let mtu = self.mtu;
         let length_ok = if info.last {
             payload.len() == resid as usize
-                && usize::from(frame.bth.pad_count) == pad_len(resid as usize)
+                && usize::from(segment.pad_count) == pad_len(resid as usize)
         } else {
-            resid > mtu && payload.len() == mtu as usize && frame.bth.pad_count == 0
+            resid > mtu && payload.len() == mtu as usize && segment.pad_count == 0
         };
         if !length_ok {
             self.responder_error(psn, NakCode::InvalidRequest, WcStatus::WrFlushErr, ctx);
@@ -408,7 +489,7 @@ impl Qp {
                 offset,
                 len,
             };
-            self.accepted(psn, frame.bth.ack_req, ctx.counters);
+            self.accepted(psn, segment.ack_req, ctx.counters);
             return;
         }
         self.inbound = Inbound::Idle;
@@ -422,12 +503,12 @@ impl Qp {
                     WcStatus::Success,
                 );
                 wc.byte_len = len;
-                wc.imm = frame.ext.immdt.map(|immdt| immdt.immediate);
+                wc.imm = segment.immediate;
                 self.complete(ctx, wc);
             }
         }
         self.msn = self.msn.wrapping_add(1);
-        self.accepted(psn, frame.bth.ack_req, ctx.counters);
+        self.accepted(psn, segment.ack_req, ctx.counters);
     }
 
     fn receive_read<S, const N: usize>(

@@ -114,6 +114,9 @@ pub struct PairConfig {
     pub selective: bool,
     /// Reorder buffers of each HCA's pool (`None`: the default).
     pub reorder_buffers: Option<usize>,
+    /// Both HCAs take the receive fast path (the default; off only to
+    /// show it changes nothing).
+    pub fast_receive: bool,
 }
 
 impl Default for PairConfig {
@@ -131,6 +134,7 @@ impl Default for PairConfig {
             seed: 1,
             selective: false,
             reorder_buffers: None,
+            fast_receive: true,
         }
     }
 }
@@ -224,6 +228,8 @@ impl Pair {
             2,
             config.reorder_buffers,
         );
+        a.hca.set_fast_receive(config.fast_receive);
+        b.hca.set_fast_receive(config.fast_receive);
         let pa = params(&a, &b, &config, true);
         let pb = params(&b, &a, &config, false);
         a.hca.connect_qp(a.conn, pa).unwrap();
