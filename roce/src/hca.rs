@@ -107,9 +107,9 @@ use crate::types::{Mtu, Pkey, Psn, Qkey, Qpn};
 use crate::udp::{parse_datagram, DatagramFrames, DatagramSink, PSEUDO_MAC};
 use crate::wake::WakeSet;
 use crate::wire::{
-    ipv4, udp, with_viewed_frame, BthRepr, DethRepr, EtherType, EthernetAddress, EthernetRepr,
+    bth, ipv4, udp, with_parsed_frame, BthRepr, DethRepr, EtherType, EthernetAddress, EthernetRepr,
     ExtHeaders, FrameHeaders, IcrcSeed, Ipv4Address, Ipv4Repr, Opcode, PacketView, ParseError,
-    Trailer, Transport, UdpRepr, MAX_HEADERS_LEN,
+    Trailer, Transport, UdpRepr, FIXED_HEADERS_LEN, MAX_HEADERS_LEN,
 };
 
 mod events;

@@ -34,14 +34,24 @@ where
             }
             return;
         }
-        let view = PacketView::parse(frame);
-        if let Some(view) = view.as_ref().filter(|_| self.fast_receive) {
-            if self.receive_write_continuation(view) {
-                return;
+        // The opcode byte first: every other frame goes the general way
+        // without the fast path's look at it.
+        let continuation = matches!(
+            frame
+                .get(FIXED_HEADERS_LEN - bth::HEADER_LEN)
+                .copied()
+                .map(Opcode::from),
+            Some(Opcode::RcRdmaWriteMiddle | Opcode::RcRdmaWriteLast)
+        );
+        if continuation && self.fast_receive {
+            if let Some(view) = PacketView::parse(frame) {
+                if self.receive_write_continuation(&view) {
+                    return;
+                }
             }
         }
         let icrc = self.icrc.clone();
-        with_viewed_frame(&icrc, frame, view, |parsed| self.deliver(now, parsed));
+        with_parsed_frame(&icrc, frame, |parsed| self.deliver(now, parsed));
     }
 
     /// The fast path of [`Hca::receive`]: an RDMA WRITE MIDDLE or LAST
@@ -52,10 +62,7 @@ where
     /// packet they or the QP turn down returns `false` with nothing
     /// changed and takes the general path, which counts or answers it.
     fn receive_write_continuation(&mut self, view: &PacketView<'_>) -> bool {
-        if !matches!(
-            view.bth.opcode,
-            Opcode::RcRdmaWriteMiddle | Opcode::RcRdmaWriteLast
-        ) || view.dst_ip() != self.config.ip
+        if view.dst_ip() != self.config.ip
             || !view.bth.pkey.is_default_partition()
             || view.bth.dest_qp == Qpn::GSI
         {

@@ -446,21 +446,7 @@ pub fn with_parsed_frame<'a, R>(
     frame: &'a [u8],
     f: impl FnOnce(Result<&RoceFrame<'a>, ParseError>) -> R,
 ) -> R {
-    with_viewed_frame(seed, frame, PacketView::parse(frame), f)
-}
-
-/// [`with_parsed_frame`] for a caller that already has the frame's
-/// [`PacketView::parse`] (`view`), so the fixed headers are read once.
-///
-/// # Fuzzing
-/// The ICRC check passes under `cfg(fuzzing)`.
-#[inline(always)]
-pub fn with_viewed_frame<'a, R>(
-    seed: &IcrcSeed,
-    frame: &'a [u8],
-    view: Option<PacketView<'a>>,
-    f: impl FnOnce(Result<&RoceFrame<'a>, ParseError>) -> R,
-) -> R {
+    let view = PacketView::parse(frame);
     if let Some((view, parsed)) = view.and_then(|view| Some((view, view.frame()?))) {
         return if view.icrc_ok(seed) {
             f(Ok(&parsed))

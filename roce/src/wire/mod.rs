@@ -134,8 +134,8 @@ pub use self::ethernet::{
     Address as EthernetAddress, EtherType, Frame as EthernetFrame, Repr as EthernetRepr,
 };
 pub use self::frame::{
-    pad_len, parse_frame, parse_frame_from, with_parsed_frame, with_viewed_frame, EmitError,
-    ExtHeaders, Frame, FrameHeaders, RoceFrame, FIXED_HEADERS_LEN, MAX_HEADERS_LEN,
+    pad_len, parse_frame, parse_frame_from, with_parsed_frame, EmitError, ExtHeaders, Frame,
+    FrameHeaders, RoceFrame, FIXED_HEADERS_LEN, MAX_HEADERS_LEN,
 };
 pub use self::icrc::{
     compute_icrc, fill_icrc, icrc_over, verify_icrc, verify_icrc_from, Icrc, IcrcBeforePsn,
