@@ -366,8 +366,9 @@ pub struct Hca<S, K, const N: usize = 0, const Q: usize = 0, const C: usize = 0>
     /// Where every received frame's ICRC check starts (see [`IcrcSeed`]).
     icrc: IcrcSeed,
     /// Whether [`Hca::receive`] takes its fast path for in-order WRITE
-    /// continuations (always, but for the equivalence tests).
-    fast_receive: bool,
+    /// continuations and the QPs send middle packets in runs (always, but
+    /// for the equivalence tests).
+    fast_paths: bool,
     /// BTH PSN of the next MAD sent on QP1.
     gsi_psn: Psn,
     path_mtu: Mtu,
@@ -469,7 +470,7 @@ where
             cm_dirty: false,
             events: Deque::new(),
             icrc: IcrcSeed::new(),
-            fast_receive: true,
+            fast_paths: true,
             gsi_psn: Psn::new(0),
             path_mtu: Mtu::Mtu1024,
             now: 0,
@@ -546,12 +547,16 @@ where
         );
     }
 
-    /// Turns the receive fast path for in-order WRITE continuations off
-    /// or on (on by default). Only for tests that show both paths do the
-    /// same, frame for frame.
+    /// Turns the fast paths off or on (on by default): the receive path
+    /// for in-order WRITE continuations and the QPs' runs of middle
+    /// packets. Only for tests that show both ways do the same, frame for
+    /// frame.
     #[doc(hidden)]
-    pub fn set_fast_receive(&mut self, on: bool) {
-        self.fast_receive = on;
+    pub fn set_fast_paths(&mut self, on: bool) {
+        self.fast_paths = on;
+        for qp in self.qps.iter_mut().flatten() {
+            qp.set_fast_transmit(on);
+        }
     }
 
     /// The path MTU (see [`Hca::set_path_mtu`]).
@@ -628,6 +633,7 @@ where
         self.generations[slot] = self.generations[slot].wrapping_add(1);
         let tag = u64::from(self.generations[slot]) << 32 | slot as u64;
         qp.reuse(ConnId(qpn), Qpn::new_truncate(qpn), tag);
+        qp.set_fast_transmit(self.fast_paths);
         qp.init();
         self.qps[slot] = Some(qp);
         self.links[slot] = link;

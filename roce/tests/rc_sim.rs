@@ -528,7 +528,7 @@ fn soak_with(
     soak_run(seed, mtu, total, max_len, faults, selective, true, false).0
 }
 
-/// One soak run; `fast_receive` as [`PairConfig::fast_receive`]; with
+/// One soak run; `fast_paths` as [`PairConfig::fast_paths`]; with
 /// `record`, every frame sent, per direction.
 #[allow(clippy::too_many_arguments)]
 fn soak_run(
@@ -538,7 +538,7 @@ fn soak_run(
     max_len: u32,
     faults: Faults,
     selective: bool,
-    fast_receive: bool,
+    fast_paths: bool,
     record: bool,
 ) -> ([Counters; 2], [Vec<Vec<u8>>; 2]) {
     let slot_size = max_len.max(64);
@@ -551,7 +551,7 @@ fn soak_run(
         memory,
         seed,
         selective,
-        fast_receive,
+        fast_paths,
         ..PairConfig::default()
     });
     pair.record = record;
@@ -615,13 +615,14 @@ fn soak_run(
     )
 }
 
-/// The HCA's receive fast path (in-order WRITE MIDDLE/LAST straight from
-/// the fixed headers) does exactly what the general path does: the same
-/// seeded runs, with it and without, send the same frames byte for byte
-/// and end with the same counters, on clean, lossy and hostile links and
-/// with selective retransmission (the soak's model checks the data).
+/// The HCA's fast paths (in-order WRITE MIDDLE/LAST received straight
+/// from the fixed headers; middle packets sent in runs) do exactly what the
+/// general paths do: the same seeded runs, with them and without, send the
+/// same frames byte for byte and end with the same counters, on clean,
+/// lossy and hostile links and with selective retransmission (the soak's
+/// model checks the data).
 #[test]
-fn receive_fast_path_changes_nothing_on_the_wire() {
+fn fast_paths_change_nothing_on_the_wire() {
     for (seed, mtu, faults, selective) in [
         (21, Mtu::Mtu1024, CLEAN, false),
         (22, Mtu::Mtu256, LOSSY, false),

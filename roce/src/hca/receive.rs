@@ -43,7 +43,7 @@ where
                 .map(Opcode::from),
             Some(Opcode::RcRdmaWriteMiddle | Opcode::RcRdmaWriteLast)
         );
-        if continuation && self.fast_receive {
+        if continuation && self.fast_paths {
             if let Some(view) = PacketView::parse(frame) {
                 if self.receive_write_continuation(&view) {
                     return;

@@ -180,6 +180,9 @@ pub struct Qp {
     /// Packets this QP's requester sent again (its share of
     /// [`Counters::retransmissions`]).
     retransmitted: u64,
+    /// Middle packets go out in runs (`requester::send_middle_run`);
+    /// off only in the equivalence tests.
+    fast_transmit: bool,
 
     // Responder.
     rq: VecDeque<RecvWqe>,
@@ -230,6 +233,14 @@ impl Qp {
         core::mem::size_of::<Qp>()
             + send_depth * core::mem::size_of::<SendWqe>()
             + recv_depth * core::mem::size_of::<RecvWqe>()
+    }
+
+    /// Sends middle packets in runs or one by one (see
+    /// [`Hca::set_fast_paths`](crate::hca::Hca::set_fast_paths)); on by
+    /// default and after [`Qp::reuse`].
+    #[doc(hidden)]
+    pub fn set_fast_transmit(&mut self, on: bool) {
+        self.fast_transmit = on;
     }
 
     /// Makes this QP a new one in `Reset` numbered `qpn` (completions
@@ -283,6 +294,7 @@ impl Qp {
             last_nak: None,
             since_ack_req: 0,
             retransmitted: 0,
+            fast_transmit: true,
             rq,
             epsn: Psn::new(0),
             ack_psn: Psn::new(0),
@@ -694,6 +706,24 @@ impl Qp {
     /// Emits one packet through `sink` from the template: `opcode`, `psn`,
     /// AckReq, extended headers and payload pieces. Returns false (nothing
     /// sent) only if the headers cannot be emitted (a bug, not peer input).
+    /// The shape of middle packets with `opcode` and `payload_len` (see
+    /// [`PacketShape`]): the cached one, or one made from the template and
+    /// cached. `None` before the QP has a template.
+    fn middle_shape(&self, opcode: Opcode, payload_len: usize) -> Option<PacketShape> {
+        match self.middle.get() {
+            Some(shape) if shape.is(opcode, payload_len) => Some(shape),
+            _ => {
+                let shape = self
+                    .template
+                    .as_ref()?
+                    .shape(&self.icrc, opcode, payload_len)
+                    .ok()?;
+                self.middle.set(Some(shape));
+                Some(shape)
+            }
+        }
+    }
+
     fn emit<K: FrameSink + ?Sized>(
         &self,
         sink: &mut K,
@@ -714,15 +744,8 @@ impl Qp {
         if middle && ext.set() == ExtSet::NONE {
             // Middle packets carry no extended headers and one path MTU of
             // payload: all alike but for AckReq and PSN.
-            let shape = match self.middle.get() {
-                Some(shape) if shape.is(opcode, payload_len) => shape,
-                _ => {
-                    let Ok(shape) = template.shape(&self.icrc, opcode, payload_len) else {
-                        return false;
-                    };
-                    self.middle.set(Some(shape));
-                    shape
-                }
+            let Some(shape) = self.middle_shape(opcode, payload_len) else {
+                return false;
             };
             let (headers, trailer) = shape.packet(psn, ack_req, pieces);
             sink.transmit(&headers, pieces, trailer.as_bytes());

@@ -11,7 +11,7 @@
 use verbs::{AccessFlags, PostError, SendOp, SendWr, WcStatus, WorkCompletion};
 
 use super::timer::RttSample;
-use super::{config, Context, FrameSink, Payload, Qp, QpState, SendWqe, WqeOp};
+use super::{config, Context, Counters, FrameSink, Payload, Qp, QpState, SendWqe, WqeOp};
 use crate::types::Psn;
 use crate::wire::{
     ExtHeaders, IethRepr, ImmDtRepr, NakCode, Opcode, RethRepr, RoceFrame, Syndrome,
@@ -397,45 +397,148 @@ impl Qp {
             if !self.window_allows(index, wqe) {
                 break;
             }
+            // Only a message of three packets or more has middle packets.
+            if self.fast_transmit && wqe.npkts > 2 {
+                let run = self.send_middle_run(now, index, ctx, sink, budget - sent);
+                if run > 0 {
+                    sent += run;
+                    continue;
+                }
+            }
+            let Some(wqe) = self.wqe_at(index) else {
+                break;
+            };
             // The WQE is read in place (send_packet takes `&self`), not cloned.
             let (is_read, last_psn) = (wqe.is_read(), wqe.last_psn());
             let retransmission = self.tx_psn.is_before(self.sent_end);
             let final_packet = is_read || self.tx_psn == last_psn;
             let ack_req = final_packet || self.since_ack_req + 1 >= self.ack_req_interval();
             let emitted = self.send_packet(wqe, self.tx_psn, ack_req, ctx, sink);
-            self.since_ack_req = if ack_req { 0 } else { self.since_ack_req + 1 };
             if !emitted {
+                self.since_ack_req = if ack_req { 0 } else { self.since_ack_req + 1 };
                 self.fail_at(index, WcStatus::LocProtErr, ctx);
                 break;
             }
             sent += 1;
-            if retransmission {
-                ctx.counters.retransmissions += 1;
-                self.retransmitted += 1;
-            } else if ack_req && self.timer.sample.is_none() {
-                self.timer.sample = Some(RttSample {
-                    psn: self.tx_psn,
-                    sent_at: now,
-                });
-            }
-            let last = is_read || self.tx_psn == last_psn;
             let next = if is_read {
                 last_psn.wrapping_add(1)
             } else {
                 self.tx_psn.wrapping_add(1)
             };
-            if next.is_after(self.sent_end) {
-                self.sent_end = next;
-            }
-            if last {
-                self.tx_seq += 1;
-            }
-            self.tx_psn = next;
-            if self.retransmit_deadline.is_none() {
-                self.start_timer(now);
-            }
+            self.sent_one(
+                now,
+                ack_req,
+                retransmission,
+                final_packet,
+                next,
+                ctx.counters,
+            );
         }
         sent
+    }
+
+    /// The requester's books after the packet at `tx_psn` went out: AckReq
+    /// spacing, the retransmission count or an RTT sample, the cursor
+    /// (`next`; the next WQE after a `final` packet), `sent_end`, the timer.
+    fn sent_one(
+        &mut self,
+        now: u64,
+        ack_req: bool,
+        retransmission: bool,
+        last: bool,
+        next: Psn,
+        counters: &mut Counters,
+    ) {
+        self.since_ack_req = if ack_req { 0 } else { self.since_ack_req + 1 };
+        if retransmission {
+            counters.retransmissions += 1;
+            self.retransmitted += 1;
+        } else if ack_req && self.timer.sample.is_none() {
+            self.timer.sample = Some(RttSample {
+                psn: self.tx_psn,
+                sent_at: now,
+            });
+        }
+        if next.is_after(self.sent_end) {
+            self.sent_end = next;
+        }
+        if last {
+            self.tx_seq += 1;
+        }
+        self.tx_psn = next;
+        if self.retransmit_deadline.is_none() {
+            self.start_timer(now);
+        }
+    }
+
+    /// The middle packets of WQE `index` from `tx_psn` on, as one run: a
+    /// SEND or WRITE whose payload is one registered range is resolved
+    /// once, the packets' shape is taken once, and each packet is a slice
+    /// of that range, its patched headers and trailer, and the books of
+    /// [`Qp::sent_one`]; as many as the window and `budget` allow. The
+    /// frames and the books are those the packet-by-packet path makes
+    /// (`rc_sim`'s `fast_paths_change_nothing_on_the_wire`). Returns the
+    /// packets sent; 0 (nothing done) where that path must go instead: a
+    /// first or last packet, a READ, an inline or gathered payload, a range
+    /// that does not resolve.
+    fn send_middle_run<S, K, const N: usize>(
+        &mut self,
+        now: u64,
+        index: usize,
+        ctx: &mut Context<'_, S, N>,
+        sink: &mut K,
+        budget: usize,
+    ) -> usize
+    where
+        S: AsRef<[u8]> + AsMut<[u8]>,
+        K: FrameSink + ?Sized,
+    {
+        let Some(wqe) = self.wqe_at(index) else {
+            return 0;
+        };
+        let opcode = match wqe.op {
+            WqeOp::Send { .. } => Opcode::RcSendMiddle,
+            WqeOp::Write { .. } => Opcode::RcRdmaWriteMiddle,
+            WqeOp::Read { .. } | WqeOp::LocalInv { .. } => return 0,
+        };
+        let sge = match &wqe.payload {
+            Payload::Gather(sgl) => match sgl.as_slice() {
+                [sge] => *sge,
+                _ => return 0,
+            },
+            Payload::Inline(_) => return 0,
+        };
+        let packet = wqe.first_psn.distance_to(self.tx_psn);
+        if packet == 0 || packet + 1 >= wqe.npkts {
+            return 0;
+        }
+        // The packets before the last, within the window (`window_allows`:
+        // at most `window` PSNs past `una`, which no ACK moves meanwhile).
+        let room = (self.window() + 1).saturating_sub(self.una.distance_to(self.tx_psn));
+        let count = (wqe.npkts - 1 - packet).min(room).min(budget as u32);
+        let mtu = self.mtu;
+        let Some(shape) = self.middle_shape(opcode, mtu as usize) else {
+            return 0;
+        };
+        let Ok(pieces) =
+            ctx.arena
+                .sgl_pieces(core::slice::from_ref(&sge), packet * mtu, count * mtu)
+        else {
+            return 0;
+        };
+        let [range] = pieces.as_slice() else {
+            return 0;
+        };
+        let interval = self.ack_req_interval();
+        for piece in range.chunks_exact(mtu as usize) {
+            let retransmission = self.tx_psn.is_before(self.sent_end);
+            let ack_req = self.since_ack_req + 1 >= interval;
+            let (headers, trailer) = shape.packet(self.tx_psn, ack_req, &[piece]);
+            sink.transmit(&headers, &[piece], trailer.as_bytes());
+            let next = self.tx_psn.wrapping_add(1);
+            self.sent_one(now, ack_req, retransmission, false, next, ctx.counters);
+        }
+        count as usize
     }
 
     /// Builds and emits the packet at `psn` of `wqe` (AckReq as given;

@@ -114,9 +114,9 @@ pub struct PairConfig {
     pub selective: bool,
     /// Reorder buffers of each HCA's pool (`None`: the default).
     pub reorder_buffers: Option<usize>,
-    /// Both HCAs take the receive fast path (the default; off only to
-    /// show it changes nothing).
-    pub fast_receive: bool,
+    /// Both HCAs take their fast paths (the default; off only to show
+    /// they change nothing).
+    pub fast_paths: bool,
 }
 
 impl Default for PairConfig {
@@ -134,7 +134,7 @@ impl Default for PairConfig {
             seed: 1,
             selective: false,
             reorder_buffers: None,
-            fast_receive: true,
+            fast_paths: true,
         }
     }
 }
@@ -228,8 +228,8 @@ impl Pair {
             2,
             config.reorder_buffers,
         );
-        a.hca.set_fast_receive(config.fast_receive);
-        b.hca.set_fast_receive(config.fast_receive);
+        a.hca.set_fast_paths(config.fast_paths);
+        b.hca.set_fast_paths(config.fast_paths);
         let pa = params(&a, &b, &config, true);
         let pb = params(&b, &a, &config, false);
         a.hca.connect_qp(a.conn, pa).unwrap();
