@@ -91,7 +91,9 @@ pub struct SessionSpec {
     pub mtu: usize,
     /// Busy polling on a hosted link: how long the loop keeps polling
     /// after the last work before it sleeps in ppoll(2) (default 0: never
-    /// spins). For a client that gives the session a core of its own.
+    /// spins). Each idle turn of the spin yields the core (sched_yield),
+    /// so a process waiting for it runs at once. For a client that gives
+    /// the session a core of its own.
     pub poll: Duration,
     /// The initiator's configuration.
     pub config: InitiatorConfig,
@@ -322,6 +324,11 @@ impl Host {
         self.waiter.clear();
         if let Some(link) = &self.link {
             if now.saturating_sub(self.last_busy) < self.poll_ns {
+                // Busy polling, but a runnable peer on this core (the
+                // target, on a loaded machine) gets it now, not when the
+                // spin ends: without the yield each side of a QD1 round
+                // trip spun out its whole --poll-us before the other ran.
+                std::thread::yield_now();
                 return;
             }
             self.waiter.watch_link(link);
