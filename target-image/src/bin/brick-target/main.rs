@@ -74,9 +74,9 @@ struct Args {
     /// Busy polling: on hosted links, keep polling for this many
     /// microseconds after the last work before sleeping in ppoll(2). For
     /// a node that gives the target a core of its own: a frame is picked
-    /// up at once instead of after a wake-up. 0 (the default) never spins;
-    /// on cores shared with the peer, spinning takes the time the peer
-    /// needs.
+    /// up at once instead of after a wake-up. 0 (the default) never spins.
+    /// Each idle turn of the spin yields the core, so on a core shared
+    /// with the peer the peer runs at once instead of after the spin.
     #[arg(long, value_name = "MICROSECONDS", default_value_t = 0)]
     poll_us: u32,
 }
@@ -268,6 +268,10 @@ fn run(args: Args) -> Result<(), String> {
         }
         let now = clock.now();
         if now.saturating_sub(last_busy) < poll_ns {
+            // Spin, but let a runnable process on this core (the
+            // initiator, on a loaded machine) have it now rather than when
+            // the spin ends.
+            std::thread::yield_now();
             continue;
         }
         let mut wake = engine.poll_at(now);
