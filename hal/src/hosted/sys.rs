@@ -7,7 +7,7 @@
 //! `io::Result`.
 
 use std::io::{self, IoSlice};
-use std::mem::size_of;
+use std::mem::{size_of, MaybeUninit};
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::os::fd::{AsRawFd, BorrowedFd};
 use std::ptr;
@@ -343,20 +343,19 @@ struct SegmentControl {
 
 /// sendmmsg(2) of `messages` (at most [`MAX_BATCH`]) without blocking.
 /// Returns how many were sent, in order; a send that would block is
-/// `WouldBlock` only when none was sent.
+/// `WouldBlock` only when none was sent. Only the entries sent are set up
+/// (a flush of one ACK does not fill 64 headers).
 pub(crate) fn send_batch(socket: BorrowedFd<'_>, messages: &[Outgoing<'_>]) -> io::Result<usize> {
     let count = messages.len().min(MAX_BATCH);
-    let mut names: [RawSocketAddr; MAX_BATCH] = std::array::from_fn(|_| RawSocketAddr::blank());
-    // SAFETY: cmsghdr is plain old data; all-zero is a valid value,
-    // overwritten below where used.
-    let zero_header: libc::cmsghdr = unsafe { std::mem::zeroed() };
-    let mut controls = [SegmentControl {
-        header: zero_header,
-        size: 0,
-        pad: [0; 6],
-    }; MAX_BATCH];
-    // SAFETY: as in `receive_batch`: all-zero mmsghdr entries are empty.
-    let mut headers: [libc::mmsghdr; MAX_BATCH] = unsafe { std::mem::zeroed() };
+    let mut names = [const { MaybeUninit::<RawSocketAddr>::uninit() }; MAX_BATCH];
+    let mut controls = [const { MaybeUninit::<SegmentControl>::uninit() }; MAX_BATCH];
+    let mut headers = [const { MaybeUninit::<libc::mmsghdr>::uninit() }; MAX_BATCH];
+    // SAFETY: cmsghdr is plain old data; all-zero is a valid value (its
+    // fields are set next).
+    let mut segment_header: libc::cmsghdr = unsafe { std::mem::zeroed() };
+    segment_header.cmsg_len = size_of::<libc::cmsghdr>() + size_of::<u16>();
+    segment_header.cmsg_level = libc::SOL_UDP;
+    segment_header.cmsg_type = libc::UDP_SEGMENT;
     for (((message, name), control), header) in messages
         .iter()
         .zip(names.iter_mut())
@@ -364,36 +363,50 @@ pub(crate) fn send_batch(socket: BorrowedFd<'_>, messages: &[Outgoing<'_>]) -> i
         .zip(headers.iter_mut())
         .take(count)
     {
-        *name = RawSocketAddr::new(&message.to);
-        let (msg_name, msg_namelen) = name.as_name();
-        let hdr = &mut header.msg_hdr;
-        hdr.msg_name = msg_name;
-        hdr.msg_namelen = msg_namelen;
-        // std documents IoSlice as ABI-compatible with iovec on Unix;
-        // sendmmsg only reads through this pointer.
-        hdr.msg_iov = message.buffers.as_ptr().cast::<libc::iovec>().cast_mut();
-        hdr.msg_iovlen = message.buffers.len();
-        if let Some(size) = message.segment {
-            control.header.cmsg_len = size_of::<libc::cmsghdr>() + size_of::<u16>();
-            control.header.cmsg_level = libc::SOL_UDP;
-            control.header.cmsg_type = libc::UDP_SEGMENT;
-            control.size = size;
-            hdr.msg_control = ptr::from_mut(control).cast();
-            hdr.msg_controllen = size_of::<SegmentControl>();
-        }
+        let (msg_name, msg_namelen) = name.write(RawSocketAddr::new(&message.to)).as_name();
+        let (msg_control, msg_controllen) = match message.segment {
+            Some(size) => {
+                let control = control.write(SegmentControl {
+                    header: segment_header,
+                    size,
+                    pad: [0; 6],
+                });
+                (
+                    ptr::from_mut(control).cast::<libc::c_void>(),
+                    size_of::<SegmentControl>(),
+                )
+            }
+            None => (ptr::null_mut(), 0),
+        };
+        header.write(libc::mmsghdr {
+            msg_hdr: libc::msghdr {
+                msg_name,
+                msg_namelen,
+                // std documents IoSlice as ABI-compatible with iovec on
+                // Unix; sendmmsg only reads through this pointer.
+                msg_iov: message.buffers.as_ptr().cast::<libc::iovec>().cast_mut(),
+                msg_iovlen: message.buffers.len(),
+                msg_control,
+                msg_controllen,
+                msg_flags: 0,
+            },
+            msg_len: 0,
+        });
     }
     let vlen = libc::c_uint::try_from(count).unwrap_or(0);
-    // SAFETY: the first `vlen` entries of `headers` point to sockaddrs of
-    // `msg_namelen` bytes in `names`, to the borrowed IoSlices of their
+    // SAFETY: the first `vlen` entries of `headers` were written above
+    // (the kernel reads no others); each points to a sockaddr of
+    // `msg_namelen` bytes in `names`, to the borrowed IoSlices of its
     // message (iovec-compatible, their memory borrowed) and, for a GSO
     // send, to one `SegmentControl` of `msg_controllen` bytes (a cmsghdr
     // with its u16 at CMSG_DATA: the header is 16 bytes, 8-aligned) in
     // `controls`; all alive until the call returns; the kernel writes only
-    // `msg_len`. `socket` is an open descriptor borrowed for the call.
+    // `msg_len`. `MaybeUninit<mmsghdr>` has the layout of `mmsghdr`.
+    // `socket` is an open descriptor borrowed for the call.
     let sent = unsafe {
         libc::sendmmsg(
             socket.as_raw_fd(),
-            headers.as_mut_ptr(),
+            headers.as_mut_ptr().cast::<libc::mmsghdr>(),
             vlen,
             libc::MSG_DONTWAIT,
         )

@@ -349,28 +349,28 @@ impl UdpNic {
             if run_count == 0 {
                 break;
             }
-            let iovecs: [IoSlice<'_>; BATCH] = std::array::from_fn(|index| {
-                let len = self
-                    .ring
-                    .tx_meta
-                    .get(start + index)
-                    .copied()
-                    .flatten()
-                    .map_or(0, |queued| queued.len);
-                self.ring
-                    .tx
-                    .get((start + index) * self.ring.slot_len..)
-                    .map_or(IoSlice::new(&[]), |slot| IoSlice::new(&slot[..len]))
-            });
-            let outgoing: [Outgoing<'_>; BATCH] = std::array::from_fn(|index| {
-                let (first, count, segment) = runs[index.min(run_count.saturating_sub(1))];
-                Outgoing {
+            // One iovec per queued datagram from `start`, one message per
+            // run: only the entries this send uses are filled.
+            let queued = self.ring.tx_count - start;
+            let mut iovecs = [IoSlice::new(&[]); BATCH];
+            for ((iovec, meta), slot) in iovecs
+                .iter_mut()
+                .zip(&self.ring.tx_meta[start..self.ring.tx_count])
+                .zip(self.ring.tx[start * self.ring.slot_len..].chunks(self.ring.slot_len))
+                .take(queued)
+            {
+                let len = meta.map_or(0, |queued| queued.len);
+                *iovec = IoSlice::new(&slot[..len.min(slot.len())]);
+            }
+            let mut outgoing: heapless::Vec<Outgoing<'_>, BATCH> = heapless::Vec::new();
+            for &(first, count, segment) in &runs[..run_count] {
+                let _ = outgoing.push(Outgoing {
                     to: self.ring.tx_meta[first].map_or(self.local, |queued| queued.to),
                     buffers: &iovecs[first - start..first - start + count],
                     segment: (count > 1).then(|| u16::try_from(segment).unwrap_or(u16::MAX)),
-                }
-            });
-            match sys::send_batch(self.socket.as_fd(), &outgoing[..run_count]) {
+                });
+            }
+            match sys::send_batch(self.socket.as_fd(), &outgoing) {
                 Ok(sent) => {
                     self.ring.stats.send_calls += 1;
                     for &(_, count, _) in &runs[..sent.min(run_count)] {
