@@ -78,20 +78,24 @@ impl RawSocketAddr {
         })
     }
 
-    /// The address the kernel wrote into a [`RawSocketAddr::blank`];
-    /// `None` for a family other than IPv4 and IPv6.
-    fn to_socket_addr(&self) -> Option<SocketAddr> {
+    /// The address the kernel wrote into a [`RawSocketAddr::blank`], `len`
+    /// bytes of it (the `msg_namelen` it reported); `None` for a family
+    /// other than IPv4 and IPv6, or fewer bytes than the family's address.
+    fn to_socket_addr(&self, len: libc::socklen_t) -> Option<SocketAddr> {
         let Self::V6(raw) = self else {
             return None;
         };
+        let len = usize::try_from(len).unwrap_or(0);
         match libc::c_int::from(raw.sin6_family) {
-            libc::AF_INET6 => Some(SocketAddr::V6(SocketAddrV6::new(
-                Ipv6Addr::from(raw.sin6_addr.s6_addr),
-                u16::from_be(raw.sin6_port),
-                u32::from_be(raw.sin6_flowinfo),
-                raw.sin6_scope_id,
-            ))),
-            libc::AF_INET => {
+            libc::AF_INET6 if len >= size_of::<libc::sockaddr_in6>() => {
+                Some(SocketAddr::V6(SocketAddrV6::new(
+                    Ipv6Addr::from(raw.sin6_addr.s6_addr),
+                    u16::from_be(raw.sin6_port),
+                    u32::from_be(raw.sin6_flowinfo),
+                    raw.sin6_scope_id,
+                )))
+            }
+            libc::AF_INET if len >= size_of::<libc::sockaddr_in>() => {
                 // sockaddr_in is a prefix of the sockaddr_in6 storage:
                 // family, port, then the 4-byte address where sin6_flowinfo is.
                 let addr = raw.sin6_flowinfo.to_ne_bytes();
@@ -230,68 +234,89 @@ unsafe fn gro_segment(message: &libc::msghdr) -> Option<usize> {
     None
 }
 
+/// What the kernel writes beside the data of a [`receive_batch`]: the
+/// senders' addresses and the control messages, one per receive. Kept by
+/// the caller (allocated once) instead of set up on every call; the kernel
+/// reports how much of each it wrote, and only that is read.
+pub(crate) struct ReceiveScratch {
+    names: [RawSocketAddr; MAX_BATCH],
+    controls: [ReceiveControl; MAX_BATCH],
+}
+
+impl ReceiveScratch {
+    pub(crate) fn new() -> Self {
+        // SAFETY: cmsghdr is plain old data; all-zero is a valid value,
+        // and the kernel overwrites what it uses.
+        let zero_header: libc::cmsghdr = unsafe { std::mem::zeroed() };
+        Self {
+            names: std::array::from_fn(|_| RawSocketAddr::blank()),
+            controls: [ReceiveControl {
+                header: zero_header,
+                rest: [0; 48],
+            }; MAX_BATCH],
+        }
+    }
+}
+
 /// recvmmsg(2) without blocking: up to `out.len()` (at most [`MAX_BATCH`])
 /// receives, the `i`-th into `buffer[i * slot_len..][..slot_len]`, its
 /// length, sender and GRO segment size into `out[i]`. Returns how many
 /// arrived (0 when none was waiting). A receive holds several datagrams
-/// only on a socket with [`enable_udp_gro`].
+/// only on a socket with [`enable_udp_gro`]. Only the headers the call
+/// passes are written (no zeroed arrays: a busy loop calls this on an
+/// empty socket every turn).
 pub(crate) fn receive_batch(
     socket: BorrowedFd<'_>,
     buffer: &mut [u8],
     slot_len: usize,
     out: &mut [Received],
+    scratch: &mut ReceiveScratch,
 ) -> io::Result<usize> {
     if slot_len == 0 {
         return Err(io::Error::from(io::ErrorKind::InvalidInput));
     }
-    let empty_iovec = libc::iovec {
-        iov_base: ptr::null_mut(),
-        iov_len: 0,
-    };
-    let mut iovecs = [empty_iovec; MAX_BATCH];
-    let mut names: [RawSocketAddr; MAX_BATCH] = std::array::from_fn(|_| RawSocketAddr::blank());
-    // SAFETY: cmsghdr is plain old data; all-zero is a valid value, and
-    // the kernel overwrites what it uses.
-    let zero_header: libc::cmsghdr = unsafe { std::mem::zeroed() };
-    let mut controls = [ReceiveControl {
-        header: zero_header,
-        rest: [0; 48],
-    }; MAX_BATCH];
-    // SAFETY: mmsghdr is plain old data (pointers and integers); all-zero
-    // is a valid (empty) value, overwritten below for the entries used.
-    let mut messages: [libc::mmsghdr; MAX_BATCH] = unsafe { std::mem::zeroed() };
+    let mut iovecs = [const { MaybeUninit::<libc::iovec>::uninit() }; MAX_BATCH];
+    let mut messages = [const { MaybeUninit::<libc::mmsghdr>::uninit() }; MAX_BATCH];
     let mut count = 0;
     for (((slot, iovec), (name, message)), control) in buffer
         .chunks_exact_mut(slot_len)
         .zip(iovecs.iter_mut())
-        .zip(names.iter_mut().zip(messages.iter_mut()))
-        .zip(controls.iter_mut())
-        .take(out.len())
+        .zip(scratch.names.iter_mut().zip(messages.iter_mut()))
+        .zip(scratch.controls.iter_mut())
+        .take(out.len().min(MAX_BATCH))
     {
-        *iovec = libc::iovec {
+        let iovec = iovec.write(libc::iovec {
             iov_base: slot.as_mut_ptr().cast(),
             iov_len: slot.len(),
-        };
+        });
         let (msg_name, msg_namelen) = name.as_name();
-        message.msg_hdr.msg_name = msg_name;
-        message.msg_hdr.msg_namelen = msg_namelen;
-        message.msg_hdr.msg_iov = ptr::from_mut(iovec);
-        message.msg_hdr.msg_iovlen = 1;
-        message.msg_hdr.msg_control = ptr::from_mut(control).cast();
-        message.msg_hdr.msg_controllen = size_of::<ReceiveControl>();
+        message.write(libc::mmsghdr {
+            msg_hdr: libc::msghdr {
+                msg_name,
+                msg_namelen,
+                msg_iov: ptr::from_mut(iovec),
+                msg_iovlen: 1,
+                msg_control: ptr::from_mut(control).cast(),
+                msg_controllen: size_of::<ReceiveControl>(),
+                msg_flags: 0,
+            },
+            msg_len: 0,
+        });
         count += 1;
     }
     let vlen = libc::c_uint::try_from(count).unwrap_or(0);
-    // SAFETY: the first `vlen` entries of `messages` each point to one
-    // iovec covering a disjoint slot of the exclusively borrowed `buffer`,
-    // to a sockaddr buffer of `msg_namelen` bytes in `names` and to a
-    // control buffer of `msg_controllen` bytes in `controls`; all live on
-    // this frame or in borrowed memory until the call returns. A null
-    // timeout with MSG_DONTWAIT returns at once; `socket` is open.
+    // SAFETY: the first `vlen` entries of `messages` were written above
+    // (the kernel reads no others; `MaybeUninit<mmsghdr>` has the layout
+    // of `mmsghdr`); each points to one iovec covering a disjoint slot of
+    // the exclusively borrowed `buffer`, to a sockaddr buffer of
+    // `msg_namelen` bytes and a control buffer of `msg_controllen` bytes
+    // in the exclusively borrowed `scratch`; all live on this frame or in
+    // borrowed memory until the call returns. A null timeout with
+    // MSG_DONTWAIT returns at once; `socket` is open.
     let got = unsafe {
         libc::recvmmsg(
             socket.as_raw_fd(),
-            messages.as_mut_ptr(),
+            messages.as_mut_ptr().cast::<libc::mmsghdr>(),
             vlen,
             libc::MSG_DONTWAIT,
             ptr::null_mut(),
@@ -304,14 +329,19 @@ pub(crate) fn receive_batch(
             _ => Err(error),
         };
     };
-    for ((slot, message), name) in out.iter_mut().zip(&messages).zip(&names).take(got) {
+    let got = got.min(count);
+    // SAFETY: the first `count` (at least `got`) entries were initialised
+    // before the call, and the kernel only updated their lengths and flags.
+    let received =
+        unsafe { std::slice::from_raw_parts(messages.as_ptr().cast::<libc::mmsghdr>(), got) };
+    for ((slot, message), name) in out.iter_mut().zip(received).zip(&scratch.names) {
         *slot = Received {
             len: usize::try_from(message.msg_len).unwrap_or(0).min(slot_len),
-            from: name.to_socket_addr(),
+            from: name.to_socket_addr(message.msg_hdr.msg_namelen),
             truncated: message.msg_hdr.msg_flags & libc::MSG_TRUNC != 0,
-            // SAFETY: `msg_control` points into `controls` (8-aligned by
-            // its cmsghdr field), still alive, and recvmmsg set
-            // `msg_controllen` to the bytes it wrote there, at most the
+            // SAFETY: `msg_control` points into `scratch.controls`
+            // (8-aligned by its cmsghdr field), still alive, and recvmmsg
+            // set `msg_controllen` to the bytes it wrote there, at most the
             // `size_of::<ReceiveControl>()` it was given.
             segment: unsafe { gro_segment(&message.msg_hdr) },
         };

@@ -49,7 +49,7 @@ use std::net::{SocketAddr, UdpSocket};
 use std::os::fd::{AsFd, AsRawFd, RawFd};
 
 use super::os_error;
-use super::sys::{self, Outgoing, Received, MAX_BATCH, MAX_GSO_SEGMENTS};
+use super::sys::{self, Outgoing, ReceiveScratch, Received, MAX_BATCH, MAX_GSO_SEGMENTS};
 use crate::{DatagramNic, NicError};
 
 /// The RoCEv2 UDP destination port.
@@ -120,6 +120,8 @@ struct Ring {
     /// [`BATCH`] receive slots.
     rx: Box<[u8]>,
     rx_meta: Box<[Received]>,
+    /// The senders' addresses and control messages of a receive batch.
+    rx_scratch: Box<ReceiveScratch>,
     /// The next slot to hand out, and how many the last batch filled.
     rx_next: usize,
     rx_count: usize,
@@ -152,6 +154,7 @@ impl Ring {
             rx_slot_len,
             rx: vec![0; BATCH * rx_slot_len].into_boxed_slice(),
             rx_meta: vec![Received::default(); BATCH].into_boxed_slice(),
+            rx_scratch: Box::new(ReceiveScratch::new()),
             rx_next: 0,
             rx_count: 0,
             rx_offset: 0,
@@ -506,6 +509,7 @@ impl DatagramNic for UdpNic {
                     &mut ring.rx,
                     ring.rx_slot_len,
                     &mut ring.rx_meta,
+                    &mut ring.rx_scratch,
                 )
                 .map_err(|error| os_error(&error))?;
                 if got == 0 {
