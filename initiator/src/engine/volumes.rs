@@ -151,6 +151,15 @@ impl<V: Verbs> Initiator<V> {
         }
         for index in 0..self.volumes.len() {
             let slot = &self.volumes[index];
+            // Most turns owe nothing: skip before the header is zeroed.
+            let owed = match slot.state {
+                Some(VolumeState::WaitingForSession | VolumeState::Disconnected) => true,
+                Some(VolumeState::Closing) => !slot.close_sent,
+                _ => false,
+            };
+            if !owed {
+                continue;
+            }
             let generation = slot.generation;
             let mut header = [0u8; HEADER_LEN];
             let (kind, next, outgoing, read) = match slot.state {
