@@ -294,6 +294,13 @@ impl Host {
             };
             if link.has_pending_output() {
                 link.flush();
+                if self.poll_ns > 0 && self.init.completions_ready() == 0 {
+                    // Busy polling with nothing for the caller: what was
+                    // just sent needs the peer to run; if it waits for
+                    // this core, let it have it now instead of after
+                    // another turn here.
+                    std::thread::yield_now();
+                }
             }
         }
         while let Some(event) = self.init.next_event() {
