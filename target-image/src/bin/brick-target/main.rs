@@ -257,10 +257,17 @@ fn run(args: Args) -> Result<(), String> {
         if let Some(admin) = &admin {
             busy |= admin.serve(&engine);
         }
+        let mut sent = false;
         for link in &mut links {
             if link.has_pending_output() {
                 link.flush();
+                sent = true;
             }
+        }
+        if sent && poll_ns > 0 {
+            // Busy polling: the answers just sent need their initiator to
+            // run; if it waits for this core, let it have it now.
+            std::thread::yield_now();
         }
         if busy {
             last_busy = now;
