@@ -281,7 +281,7 @@ impl Host {
         }
         busy |= self.init.poll(now);
         if let (Some(link), Some(hca)) = (self.link.as_mut(), self.init.verbs_mut().hca_mut()) {
-            busy |= match link {
+            let sent = match link {
                 Link::Frame(_) => hca.poll(now, &mut |h: &[u8], p: &[&[u8]], t: &[u8]| {
                     link.transmit(h, p, t)
                 }),
@@ -292,15 +292,15 @@ impl Host {
                     },
                 ),
             };
+            busy |= sent;
             if link.has_pending_output() {
                 link.flush();
-                if self.poll_ns > 0 && self.init.completions_ready() == 0 {
-                    // Busy polling with nothing for the caller: what was
-                    // just sent needs the peer to run; if it waits for
-                    // this core, let it have it now instead of after
-                    // another turn here.
-                    std::thread::yield_now();
-                }
+            }
+            if sent && self.poll_ns > 0 && self.init.completions_ready() == 0 {
+                // Busy polling with nothing for the caller: what was just
+                // sent needs the peer to run; if it waits for this core,
+                // let it have it now instead of after another turn here.
+                std::thread::yield_now();
             }
         }
         while let Some(event) = self.init.next_event() {
