@@ -112,12 +112,23 @@ impl KeySource for OsKeys {
 
 /// The engine's packets onto the links; transmit errors are drops (the
 /// transport and CM retransmit).
-struct Sink<'a>(&'a mut [Link]);
+struct Sink<'a> {
+    links: &'a mut [Link],
+    /// Something was handed to a link (sent, or queued for its flush).
+    sent: bool,
+}
+
+impl<'a> Sink<'a> {
+    fn new(links: &'a mut [Link]) -> Self {
+        Self { links, sent: false }
+    }
+}
 
 impl Transmit for Sink<'_> {
     fn transmit(&mut self, interface: usize, headers: &[u8], payload: &[&[u8]], trailer: &[u8]) {
-        if let Some(link) = self.0.get_mut(interface) {
+        if let Some(link) = self.links.get_mut(interface) {
             link.transmit(headers, payload, trailer);
+            self.sent = true;
         }
     }
 
@@ -129,8 +140,9 @@ impl Transmit for Sink<'_> {
         payload: &[&[u8]],
         trailer: &[u8],
     ) {
-        if let Some(link) = self.0.get_mut(interface) {
+        if let Some(link) = self.links.get_mut(interface) {
             link.transmit_datagram(to, header, payload, trailer);
+            self.sent = true;
         }
     }
 }
@@ -230,7 +242,7 @@ fn run(args: Args) -> Result<(), String> {
         let now = clock.now();
         if stopped(&mut engine, now, &mut stop_deadline) {
             // Let the last frames out.
-            let _ = engine.poll(now, &mut Sink(&mut links));
+            let _ = engine.poll(now, &mut Sink::new(&mut links));
             for link in &mut links {
                 link.flush();
             }
@@ -253,15 +265,15 @@ fn run(args: Args) -> Result<(), String> {
                 busy = true;
             }
         }
-        busy |= engine.poll(now, &mut Sink(&mut links));
+        let mut sink = Sink::new(&mut links);
+        busy |= engine.poll(now, &mut sink);
+        let sent = sink.sent;
         if let Some(admin) = &admin {
             busy |= admin.serve(&engine);
         }
-        let mut sent = false;
         for link in &mut links {
             if link.has_pending_output() {
                 link.flush();
-                sent = true;
             }
         }
         if sent && poll_ns > 0 {
