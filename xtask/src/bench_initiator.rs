@@ -17,9 +17,10 @@
 //!
 //! Beside them, the ceiling of the host's UDP loopback measured in the
 //! same run with plain sockets: a 4 KiB ping-pong between two threads,
-//! once blocking in recvfrom(2) and once spinning on non-blocking sockets
-//! (what QD1 could reach if RoCE cost nothing, for a loop that sleeps and
-//! for one that busy-polls, `--poll-us`), and a one-way stream of
+//! once blocking in recvfrom(2) and once spinning on non-blocking sockets,
+//! yielding between polls as the hosted loops do (what QD1 could reach if
+//! RoCE cost nothing, for a loop that sleeps and for one that busy-polls,
+//! `--poll-us`), and a one-way stream of
 //! 1,052-byte datagrams (one path-MTU-1024 RoCE packet each: what a
 //! transfer could reach). Not a test: it prints numbers.
 
@@ -211,7 +212,10 @@ struct PingPong {
 }
 
 /// Receives one datagram on `socket`: blocking (its read timeout set), or
-/// busy-polling a non-blocking socket until `give_up`.
+/// busy-polling a non-blocking socket until `give_up`, yielding the core
+/// after each empty poll as the hosted loops' `--poll-us` spin does (two
+/// spinners that never yield share a loaded machine's last core by
+/// scheduler slices: the round trip becomes milliseconds).
 fn receive(
     socket: &UdpSocket,
     buffer: &mut [u8],
@@ -231,7 +235,7 @@ fn receive(
                 if !busy || started.elapsed() >= give_up {
                     return Ok(None);
                 }
-                std::hint::spin_loop();
+                std::thread::yield_now();
             }
             Err(e) => return Err(e),
         }
@@ -239,8 +243,8 @@ fn receive(
 }
 
 /// A 4 KiB ping-pong for `duration`: b echoes, a measures. `busy`: both
-/// threads spin on non-blocking sockets (what busy polling compares
-/// with); otherwise both block in recvfrom(2). A lost datagram (a loaded
+/// threads spin on non-blocking sockets, yielding between polls (what
+/// busy polling compares with); otherwise both block in recvfrom(2). A lost datagram (a loaded
 /// machine drops them on loopback too) costs 500 ms, not a hang; the echo
 /// stops when told, not when it waits long.
 fn ping_pong(duration: Duration, busy: bool) -> Result<PingPong> {
