@@ -130,6 +130,42 @@ fn runs_do_not_cross_peers_and_gso_can_be_off() {
 }
 
 #[test]
+fn each_datagram_names_its_own_sender_across_batches() {
+    // The receive keeps its address buffers from one batch to the next:
+    // every datagram must still be reported from the peer that sent it.
+    let mut nics = nics(3);
+    let mut c = nics.pop().unwrap();
+    let mut b = nics.pop().unwrap();
+    let mut a = nics.pop().unwrap();
+    let to = c.local_addr();
+    for (round, order) in [vec![0usize, 1, 0, 1, 1], vec![1], vec![0, 0], vec![1, 0]]
+        .into_iter()
+        .enumerate()
+    {
+        for (index, &sender) in order.iter().enumerate() {
+            let nic = if sender == 0 { &mut a } else { &mut b };
+            nic.transmit(to, &datagram(round * 8 + index, 40), &[])
+                .unwrap();
+        }
+        let got = receive_all(&mut c, order.len());
+        let expected: Vec<(u8, SocketAddr)> = order
+            .iter()
+            .enumerate()
+            .map(|(index, &sender)| {
+                let from = if sender == 0 {
+                    a.local_addr()
+                } else {
+                    b.local_addr()
+                };
+                ((round * 8 + index) as u8, from)
+            })
+            .collect();
+        let seen: Vec<(u8, SocketAddr)> = got.iter().map(|(p, from)| (p[0], *from)).collect();
+        assert_eq!(seen, expected, "round {round}");
+    }
+}
+
+#[test]
 fn a_full_queue_flushes_itself_and_transmit_keeps_the_order() {
     let mut nics = nics(2);
     let (mut b, mut a) = (nics.pop().unwrap(), nics.pop().unwrap());
