@@ -259,10 +259,18 @@ struct Host {
 
 impl Host {
     /// One loop iteration without blocking; returns whether anything
-    /// happened.
+    /// happened. What was submitted since the last turn is sent before the
+    /// link is read (a QD1 request does not wait behind a receive that
+    /// finds nothing), then a burst is taken, the initiator polled, and
+    /// what that made (ACKs, answers, new requests) sent.
     fn pump(&mut self) -> Result<bool, Error> {
-        let now = self.clock.now();
-        let mut busy = false;
+        let mut now = self.clock.now();
+        let mut busy = self.transmit(now);
+        if busy {
+            // The send may have yielded to the peer: what arrives now
+            // arrived later.
+            now = self.clock.now();
+        }
         if let (Some(link), Some(hca)) = (self.link.as_mut(), self.init.verbs_mut().hca_mut()) {
             for _ in 0..RX_BURST {
                 let received = link
@@ -280,29 +288,7 @@ impl Host {
             }
         }
         busy |= self.init.poll(now);
-        if let (Some(link), Some(hca)) = (self.link.as_mut(), self.init.verbs_mut().hca_mut()) {
-            let sent = match link {
-                Link::Frame(_) => hca.poll(now, &mut |h: &[u8], p: &[&[u8]], t: &[u8]| {
-                    link.transmit(h, p, t)
-                }),
-                Link::Udp(_) => hca.poll_datagrams(
-                    now,
-                    &mut |to: SocketAddrV4, h: &[u8], p: &[&[u8]], t: &[u8]| {
-                        link.transmit_datagram(to, h, p, t)
-                    },
-                ),
-            };
-            busy |= sent;
-            if link.has_pending_output() {
-                link.flush();
-            }
-            if sent && self.poll_ns > 0 && self.init.completions_ready() == 0 {
-                // Busy polling with nothing for the caller: what was just
-                // sent needs the peer to run; if it waits for this core,
-                // let it have it now instead of after another turn here.
-                std::thread::yield_now();
-            }
-        }
+        busy |= self.transmit(now);
         while let Some(event) = self.init.next_event() {
             busy = true;
             self.events.push(event);
@@ -311,6 +297,35 @@ impl Host {
             self.last_busy = now;
         }
         Ok(busy)
+    }
+
+    /// Lets the software HCA send what is queued and flushes the link;
+    /// returns whether anything was sent (an RDMA device sends on post).
+    /// Busy polling, a send with nothing for the caller yields the core:
+    /// what was sent needs the peer to run, and if it waits for this core
+    /// it has it now instead of after another turn here.
+    fn transmit(&mut self, now: u64) -> bool {
+        let (Some(link), Some(hca)) = (self.link.as_mut(), self.init.verbs_mut().hca_mut()) else {
+            return false;
+        };
+        let sent = match link {
+            Link::Frame(_) => hca.poll(now, &mut |h: &[u8], p: &[&[u8]], t: &[u8]| {
+                link.transmit(h, p, t)
+            }),
+            Link::Udp(_) => hca.poll_datagrams(
+                now,
+                &mut |to: SocketAddrV4, h: &[u8], p: &[&[u8]], t: &[u8]| {
+                    link.transmit_datagram(to, h, p, t)
+                },
+            ),
+        };
+        if link.has_pending_output() {
+            link.flush();
+        }
+        if sent && self.poll_ns > 0 && self.init.completions_ready() == 0 {
+            std::thread::yield_now();
+        }
+        sent
     }
 
     /// Blocks until the link (or the RDMA device) has input, or the next
