@@ -127,11 +127,6 @@ impl<'a> PacketView<'a> {
         cfg!(fuzzing) || seed.start(&self.frame[..self.icrc_end - ICRC_LEN]).finish() == self.icrc
     }
 
-    /// Whether the opcode carries extended headers.
-    pub fn has_ext_headers(&self) -> bool {
-        !self.layout.is_empty()
-    }
-
     /// The IPv4 source address.
     pub fn src_ip(&self) -> [u8; 4] {
         let h = self.headers;
