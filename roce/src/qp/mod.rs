@@ -95,6 +95,7 @@ use crate::wire::{
 };
 use crate::wire::{BthRepr, ExtSet, PacketShape, Trailer};
 
+mod acks;
 mod requester;
 mod responder;
 pub mod selective;
