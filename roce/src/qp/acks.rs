@@ -198,11 +198,7 @@ impl Qp {
     }
 
     /// Cumulative ACK of every PSN up to and including `psn`.
-    fn apply_ack<S, const N: usize>(
-        &mut self,
-        psn: Psn,
-        ctx: &mut Context<'_, S, N>,
-    ) -> AckOutcome
+    fn apply_ack<S, const N: usize>(&mut self, psn: Psn, ctx: &mut Context<'_, S, N>) -> AckOutcome
     where
         S: AsRef<[u8]> + AsMut<[u8]>,
     {
